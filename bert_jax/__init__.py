@@ -1,0 +1,1 @@
+"""bert_jax: BERT, RoBERTa, ALBERT and ELECTRA in JAX/Flax."""

@@ -1,0 +1,160 @@
+"""Config building blocks shared by the files in `configs/`, their validation, and preset loading.
+
+Every config is a locked `ml_collections.ConfigDict`: setting or reading an unknown key raises an error that names it.
+The per-family files in `configs/` hold the size tables; this module holds the defaults they start from.
+"""
+from __future__ import annotations
+
+import importlib.util
+import pathlib
+
+import ml_collections
+
+FAMILIES = ("bert", "roberta", "albert", "electra")
+ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "tanh")
+REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
+DTYPES = ("float32", "bfloat16")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the key."""
+
+
+def model_config(family: str, **sizes) -> ml_collections.ConfigDict:
+    """Architecture hyper-parameters, defaulting to BERT-Base; `sizes` overrides any of them."""
+    model = ml_collections.ConfigDict(
+        dict(
+            family=family,
+            vocab_size=30522,
+            hidden_size=768,
+            num_hidden_layers=12,
+            num_attention_heads=12,
+            intermediate_size=3072,
+            hidden_act="gelu",
+            hidden_dropout_prob=0.1,
+            attention_probs_dropout_prob=0.1,
+            max_position_embeddings=512,
+            type_vocab_size=2,
+            layer_norm_eps=1e-12,
+            initializer_range=0.02,
+            # Width of the token embeddings; ALBERT and ELECTRA project E -> H when it differs from hidden_size.
+            embedding_size=768,
+            # ALBERT's cross-layer sharing: layers are split into this many groups that share one set of weights.
+            num_hidden_groups=12,
+            # RoBERTa numbers positions from pad_token_id + 1 and skips padding, as fairseq does.
+            pad_token_id=0,
+            pooler=True,
+            # Execution switches (none changes the parameters' values).
+            dtype="float32",
+            remat_policy="none",
+            scan_layers=False,
+            # jax.nn.dot_product_attention implementation: "auto" lets JAX choose (cuDNN flash attention on GPU).
+            attention_impl="auto",
+        )
+    )
+    # ELECTRA's generator: a narrower encoder of the same depth that shares the embeddings. None elsewhere.
+    model.generator = ml_collections.ConfigDict(
+        dict(hidden_size=0, num_attention_heads=0, intermediate_size=0, num_hidden_layers=0)
+    )
+    model.update(sizes)
+    if sizes.get("embedding_size") is None:
+        model.embedding_size = model.hidden_size
+    if "num_hidden_groups" not in sizes:
+        model.num_hidden_groups = model.num_hidden_layers
+    return model
+
+
+def validate_model_config(model: ml_collections.ConfigDict, needs_generator: bool = False) -> None:
+    """Raise ConfigError naming the first inconsistent key; call before building a model.
+
+    `needs_generator`: ELECTRA pretraining needs config.model.generator; a lone discriminator or generator does not.
+    """
+
+    def require(ok: bool, key: str, why: str) -> None:
+        if not ok:
+            value = model
+            for part in key.split("."):
+                value = value[part]
+            raise ConfigError(f"config.model.{key}={value!r}: {why}")
+
+    require(model.family in FAMILIES, "family", f"must be one of {FAMILIES}")
+    for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                "max_position_embeddings", "type_vocab_size", "embedding_size", "num_hidden_groups"):
+        require(int(model[key]) > 0, key, "must be a positive integer")
+    require(model.hidden_size % model.num_attention_heads == 0, "hidden_size",
+            f"must be divisible by num_attention_heads={model.num_attention_heads}")
+    require(model.num_hidden_layers % model.num_hidden_groups == 0, "num_hidden_groups",
+            f"must divide num_hidden_layers={model.num_hidden_layers}")
+    require(model.hidden_act in ACTIVATIONS, "hidden_act", f"must be one of {ACTIVATIONS}")
+    require(model.dtype in DTYPES, "dtype", f"must be one of {DTYPES}")
+    require(model.remat_policy in REMAT_POLICIES, "remat_policy", f"must be one of {REMAT_POLICIES}")
+    require(model.attention_impl in ATTENTION_IMPLS, "attention_impl", f"must be one of {ATTENTION_IMPLS}")
+    require(0.0 <= model.hidden_dropout_prob < 1.0, "hidden_dropout_prob", "must be in [0, 1)")
+    require(0.0 <= model.attention_probs_dropout_prob < 1.0, "attention_probs_dropout_prob", "must be in [0, 1)")
+    if model.family == "roberta":
+        require(model.max_position_embeddings > model.pad_token_id + 1, "max_position_embeddings",
+                "RoBERTa positions start at pad_token_id + 1; leave room for them")
+    gen = model.generator
+    if needs_generator or gen.hidden_size > 0:
+        for key in ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers"):
+            require(int(gen[key]) > 0, f"generator.{key}", "replaced-token detection needs a generator size")
+        require(gen.hidden_size % gen.num_attention_heads == 0, "generator.hidden_size",
+                f"must be divisible by generator.num_attention_heads={gen.num_attention_heads}")
+
+
+def generator_config(model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The model config of ELECTRA's generator: the discriminator's, with the generator's widths and depth."""
+    gen = ml_collections.ConfigDict(model.to_dict())
+    gen.update(model.generator.to_dict())
+    gen.num_hidden_groups = gen.num_hidden_layers
+    gen.pooler = False
+    return gen
+
+
+def load_preset(family: str, size: str) -> ml_collections.ConfigDict:
+    """The config that `--config=configs/<family>.py:<size>` gives, loaded from the repository's configs/ folder."""
+    path = CONFIG_DIR / f"{family}.py"
+    if not path.exists():
+        raise ConfigError(f"no config file {path}; families are {FAMILIES}")
+    spec = importlib.util.spec_from_file_location(f"bert_jax_configs_{family}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config(size)
+
+
+def preset_sizes(family: str) -> tuple[str, ...]:
+    """The sizes `configs/<family>.py` offers, in the order the papers list them."""
+    spec = importlib.util.spec_from_file_location(f"bert_jax_configs_{family}", CONFIG_DIR / f"{family}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return tuple(module.SIZES)
+
+
+def select_size(sizes: dict, arg: str | None, default: str, family: str) -> dict:
+    """Look up a size preset, with an error that lists the valid ones."""
+    size = arg or default
+    if size not in sizes:
+        raise ConfigError(f"unknown {family} size {size!r}; choose one of {tuple(sizes)}")
+    return dict(sizes[size])
+
+
+def pretraining_config(model: ml_collections.ConfigDict, objective: str) -> ml_collections.ConfigDict:
+    """Everything one pretraining run reads, with the model's architecture under `config.model`.
+
+    Sections other than `model` are filled in by the pipeline and trainer defaults; every key exists here so that a
+    typo in `--config.key=value` is an error rather than a silently ignored setting.
+    """
+    validate_model_config(model, needs_generator=objective == "rtd")
+    config = ml_collections.ConfigDict()
+    config.model = model
+    config.objective = objective
+    config.seed = 0
+    return config
+
+
+def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Lock a finished config so unknown keys raise."""
+    config.lock()
+    return config

@@ -1,0 +1,209 @@
+"""Heads, and the models built from the backbone: pretraining (MLM + NSP/SOP), ELECTRA, and fine-tuning."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import linen as nn
+
+from bert_jax.config_lib import generator_config, validate_model_config
+from bert_jax.modeling.transformer import ACTIVATIONS, Config, EncoderModel, Embeddings, dense, layer_norm
+
+
+def gather_positions(hidden, positions):
+    """hidden[b, positions[b, p]]: [B, S, H] x [B, P] -> [B, P, H]."""
+    return jnp.take_along_axis(hidden, positions[..., None], axis=1)
+
+
+class MlmHead(nn.Module):
+    """dense H -> E, activation, LayerNorm, then logits tied to the word embeddings, plus a per-token bias.
+
+    Given masked_positions [B, P] it projects only those positions onto the vocabulary (the costly part).
+    """
+
+    config: Config
+
+    @nn.compact
+    def __call__(self, hidden, word_embeddings, masked_positions=None):
+        cfg = self.config
+        if masked_positions is not None:
+            hidden = gather_positions(hidden, masked_positions)
+        # RoBERTa's and ELECTRA's generator heads use exact GELU whatever the encoder's activation.
+        activation = "gelu" if cfg.family in ("roberta", "electra") else cfg.hidden_act
+        x = dense(cfg, cfg.embedding_size, ("embed", "token_embed"), "transform")(hidden)
+        x = layer_norm(cfg, "token_embed", "norm")(ACTIVATIONS[activation](x))
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,))
+        logits = jnp.einsum("...e,ve->...v", x, word_embeddings.astype(x.dtype))
+        return logits.astype(jnp.float32) + bias
+
+
+class SentencePairHead(nn.Module):
+    """Two-way classifier on the pooled [CLS] vector: next-sentence prediction (BERT) or sentence order (ALBERT)."""
+
+    config: Config
+
+    @nn.compact
+    def __call__(self, pooled, deterministic: bool = True):
+        pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
+        return dense(self.config, 2, ("embed", "classes"), "classifier")(pooled).astype(jnp.float32)
+
+
+class DiscriminatorHead(nn.Module):
+    """ELECTRA's per-token replaced/original logit: dense H -> H, activation, dense H -> 1."""
+
+    config: Config
+
+    @nn.compact
+    def __call__(self, hidden):
+        cfg = self.config
+        x = ACTIVATIONS[cfg.hidden_act](dense(cfg, cfg.hidden_size, ("embed", "mlp"), "dense")(hidden))
+        return dense(cfg, 1, ("mlp", "classes"), "prediction")(x)[..., 0].astype(jnp.float32)
+
+
+class PreTrainingModel(nn.Module):
+    """Backbone + MLM head, with the NSP/SOP head when `sentence_head` (BERT, ALBERT); RoBERTa has none.
+
+    Also ELECTRA's generator on its own (generator_config(...), no sentence head), as HF's ElectraForMaskedLM.
+    """
+
+    config: Config
+    sentence_head: bool = True
+
+    def setup(self):
+        self.backbone = EncoderModel(self.config)
+        self.mlm_head = MlmHead(self.config)
+        if self.sentence_head:
+            self.sentence_pair_head = SentencePairHead(self.config)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
+                 packing_segment_ids=None, deterministic: bool = True):
+        outputs = self.backbone(input_ids, attention_mask, token_type_ids, packing_segment_ids=packing_segment_ids,
+                                deterministic=deterministic)
+        table = self.backbone.token_embeddings().word_embeddings.embedding
+        outputs["mlm_logits"] = self.mlm_head(outputs["last_hidden_state"], table, masked_positions)
+        if self.sentence_head:
+            outputs["sentence_logits"] = self.sentence_pair_head(outputs["pooler_output"], deterministic)
+        return outputs
+
+
+class ElectraDiscriminator(nn.Module):
+    """The ELECTRA model one keeps: backbone + per-token replaced-token logits (HF's ElectraForPreTraining)."""
+
+    config: Config
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, packing_segment_ids=None,
+                 deterministic: bool = True):
+        outputs = EncoderModel(self.config, name="backbone")(
+            input_ids, attention_mask, token_type_ids, packing_segment_ids=packing_segment_ids,
+            deterministic=deterministic)
+        outputs["discriminator_logits"] = DiscriminatorHead(self.config, name="discriminator_head")(
+            outputs["last_hidden_state"])
+        return outputs
+
+
+class Electra(nn.Module):
+    """Generator and discriminator for replaced-token detection, sharing one Embeddings module.
+
+    The objective calls `generator_logits`, samples replacements, then `discriminator_logits`; `__call__` runs
+    both on the same input only so that `init` creates every parameter.
+    """
+
+    config: Config
+
+    def setup(self):
+        cfg = self.config
+        gen_cfg = generator_config(cfg)
+        self.embeddings = Embeddings(cfg)
+        self.generator = EncoderModel(gen_cfg, shared_embeddings=self.embeddings)
+        self.generator_head = MlmHead(gen_cfg)
+        self.discriminator = EncoderModel(cfg, shared_embeddings=self.embeddings)
+        self.discriminator_head = DiscriminatorHead(cfg)
+
+    def generator_logits(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
+                         packing_segment_ids=None, deterministic: bool = True):
+        hidden = self.generator(input_ids, attention_mask, token_type_ids, packing_segment_ids=packing_segment_ids,
+                                deterministic=deterministic)["last_hidden_state"]
+        return self.generator_head(hidden, self.embeddings.word_embeddings.embedding, masked_positions)
+
+    def discriminator_logits(self, input_ids, attention_mask=None, token_type_ids=None, packing_segment_ids=None,
+                             deterministic: bool = True):
+        hidden = self.discriminator(input_ids, attention_mask, token_type_ids,
+                                    packing_segment_ids=packing_segment_ids,
+                                    deterministic=deterministic)["last_hidden_state"]
+        return self.discriminator_head(hidden)
+
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
+                 deterministic: bool = True):
+        return {
+            "mlm_logits": self.generator_logits(input_ids, attention_mask, token_type_ids, masked_positions,
+                                                deterministic=deterministic),
+            "discriminator_logits": self.discriminator_logits(input_ids, attention_mask, token_type_ids,
+                                                              deterministic=deterministic),
+        }
+
+
+class SequenceClassifier(nn.Module):
+    """[CLS] -> num_labels logits (num_labels=1 regresses). Uses the pooler when the family has one; ELECTRA,
+    which has none, gets dense + GELU on [CLS] first, as in its paper's fine-tuning head."""
+
+    config: Config
+    num_labels: int
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, deterministic: bool = True):
+        cfg = self.config
+        outputs = EncoderModel(cfg, name="backbone")(input_ids, attention_mask, token_type_ids,
+                                                     deterministic=deterministic)
+        if cfg.pooler:
+            features = outputs["pooler_output"]
+        else:
+            features = ACTIVATIONS["gelu"](dense(cfg, cfg.hidden_size, ("embed", "mlp"), "dense")(
+                outputs["last_hidden_state"][:, 0]))
+        features = nn.Dropout(cfg.hidden_dropout_prob)(features, deterministic=deterministic)
+        outputs["logits"] = dense(cfg, self.num_labels, ("embed", "classes"), "classifier")(features).astype(
+            jnp.float32)
+        return outputs
+
+
+class SpanExtractor(nn.Module):
+    """Extractive QA: per-token start and end logits over "[CLS] question [SEP] passage [SEP]"."""
+
+    config: Config
+
+    @nn.compact
+    def __call__(self, input_ids, attention_mask=None, token_type_ids=None, deterministic: bool = True):
+        outputs = EncoderModel(self.config, name="backbone")(input_ids, attention_mask, token_type_ids,
+                                                             deterministic=deterministic)
+        logits = dense(self.config, 2, ("embed", "classes"), "span_classifier")(outputs["last_hidden_state"])
+        outputs["start_logits"], outputs["end_logits"] = jnp.moveaxis(logits.astype(jnp.float32), -1, 0)
+        return outputs
+
+
+def pretraining_model(config) -> nn.Module:
+    """The model `config.objective` trains: MLM+NSP / MLM+SOP / MLM / RTD."""
+    validate_model_config(config.model, needs_generator=config.objective == "rtd")
+    if config.objective == "rtd":
+        return Electra(config.model)
+    return PreTrainingModel(config.model, sentence_head=config.objective in ("mlm_nsp", "mlm_sop"))
+
+
+def dummy_inputs(batch_size: int = 1, seq_length: int = 8) -> dict:
+    """Inputs of the right shapes and dtypes for `init` and `eval_shape`."""
+    ids = jnp.zeros((batch_size, seq_length), jnp.int32)
+    return {"input_ids": ids, "attention_mask": jnp.ones_like(ids), "token_type_ids": ids}
+
+
+def abstract_params(model: nn.Module, **inputs):
+    """The parameter pytree as ShapeDtypeStructs (boxed with logical axis names); allocates nothing."""
+    inputs = inputs or dummy_inputs()
+    return jax.eval_shape(model.init, jax.random.key(0), **inputs)["params"]
+
+
+def init_params(model: nn.Module, rng, **inputs):
+    """Randomly initialised parameters as a plain pytree of float32 arrays."""
+    return nn.unbox(model.init(rng, **(inputs or dummy_inputs()))["params"])
+
+
+def count_params(params) -> int:
+    return int(sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(nn.unbox(params))))

