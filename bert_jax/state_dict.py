@@ -17,7 +17,9 @@ from typing import Iterator, Mapping
 import numpy as np
 from flax import traverse_util
 
-from bert_jax import config_lib
+from flax import linen as nn
+
+from bert_jax import config_lib, modeling
 
 BASE_PREFIX = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra": "electra"}
 # Tensors HF keeps tied to others (or as buffers); present in some files, absent in others, never information.
@@ -179,7 +181,18 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], model, head: str):
             + ". Check the family and head, and the sizes in the config.")
     flat = {tuple(ours.split("/")): _to_ours(np.asarray(state_dict[hf], np.float32), kind, model)
             for hf, ours, kind in pairs}
-    return traverse_util.unflatten_dict(flat)
+    params = traverse_util.unflatten_dict(flat)
+    check_shapes(params, modeling.abstract_params(model_for_head(model, head)))
+    return params
+
+
+def model_for_head(model, head: str) -> nn.Module:
+    """The bert_jax module whose parameters a checkpoint with this head fills."""
+    if head == "backbone":
+        return modeling.EncoderModel(model)
+    if head == "discriminator":
+        return modeling.ElectraDiscriminator(model)
+    return modeling.PreTrainingModel(model, sentence_head=head == "pretraining")
 
 
 def params_to_hf(params, model, head: str, hf_base: str | None = None) -> dict[str, np.ndarray]:
@@ -193,7 +206,7 @@ def params_to_hf(params, model, head: str, hf_base: str | None = None) -> dict[s
 def check_shapes(params, reference) -> None:
     """Raise ConversionError naming every parameter whose shape differs from `reference` (e.g. abstract params)."""
     got = traverse_util.flatten_dict(params, sep="/")
-    want = traverse_util.flatten_dict(reference, sep="/")
+    want = traverse_util.flatten_dict(nn.unbox(reference), sep="/")
     wrong = [f"{k}: checkpoint {tuple(got[k].shape)} vs model {tuple(want[k].shape)}"
              for k in want if k in got and tuple(got[k].shape) != tuple(want[k].shape)]
     absent = set(want) ^ set(got)

@@ -1,0 +1,110 @@
+"""Execution switches change how a model runs, never what it computes (beyond bfloat16 rounding)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+from jax.sharding import PartitionSpec
+
+from bert_jax import config_lib, modeling, sharding
+from bert_jax.modeling.transformer import to_model_layout, to_unscanned_layout
+
+
+def tiny(family="bert", **model_overrides):
+    config = config_lib.load_preset(family, "tiny")
+    config.model.update(model_overrides)
+    return config
+
+
+def inputs():
+    ids = jax.random.randint(jax.random.key(1), (2, 16), 5, 1000)
+    mask = jnp.ones_like(ids).at[1, 10:].set(0)
+    return dict(input_ids=ids, attention_mask=mask, token_type_ids=jnp.zeros_like(ids).at[:, 8:].set(1))
+
+
+def run(config, params, **kwargs):
+    return modeling.pretraining_model(config).apply({"params": params}, **inputs(), **kwargs)
+
+
+@pytest.mark.parametrize("policy", ["full", "dots", "dots_with_no_batch_dims"])
+def test_remat_policies_give_identical_loss_and_gradients(policy):
+    base = tiny()
+    params = modeling.init_params(modeling.pretraining_model(base), jax.random.key(0))
+
+    def loss(p, config):
+        return jnp.mean(run(config, p)["mlm_logits"] ** 2)
+
+    ref_loss, ref_grad = jax.value_and_grad(loss)(params, base)
+    remat_loss, remat_grad = jax.value_and_grad(loss)(params, tiny(remat_policy=policy))
+    np.testing.assert_allclose(remat_loss, ref_loss, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), remat_grad, ref_grad)
+
+
+@pytest.mark.parametrize("family", ["bert", "albert", "electra"])
+def test_scan_over_layers_matches_the_loop(family):
+    looped = tiny(family)
+    scanned = tiny(family, scan_layers=True, remat_policy="dots")
+    params = modeling.init_params(modeling.pretraining_model(looped), jax.random.key(0))
+    stacked = to_model_layout(params, scanned.model)
+    if family != "albert":  # ALBERT's one shared layer is broadcast, not stacked
+        assert jax.tree.structure(stacked) != jax.tree.structure(params)
+    assert jax.tree.structure(stacked) == jax.tree.structure(
+        modeling.init_params(modeling.pretraining_model(scanned), jax.random.key(0)))
+    jax.tree.map(np.testing.assert_array_equal, to_unscanned_layout(stacked), params)
+    np.testing.assert_allclose(run(scanned, stacked)["mlm_logits"], run(looped, params)["mlm_logits"], atol=1e-5)
+
+
+def test_bfloat16_compute_keeps_float32_params_and_stays_close():
+    config32, config16 = tiny(), tiny(dtype="bfloat16")
+    params = modeling.init_params(modeling.pretraining_model(config16), jax.random.key(0))
+    assert all(leaf.dtype == jnp.float32 for leaf in jax.tree.leaves(params))
+    out16, out32 = run(config16, params), run(config32, params)
+    assert out16["last_hidden_state"].dtype == jnp.bfloat16
+    assert out16["mlm_logits"].dtype == jnp.float32
+    np.testing.assert_allclose(out16["mlm_logits"], out32["mlm_logits"], atol=0.1)
+
+
+def test_dropout_is_active_only_when_not_deterministic():
+    config = tiny()
+    params = modeling.init_params(modeling.pretraining_model(config), jax.random.key(0))
+    train = lambda seed: run(config, params, deterministic=False, rngs={"dropout": jax.random.key(seed)})
+    assert not np.allclose(train(0)["mlm_logits"], train(1)["mlm_logits"])
+    np.testing.assert_array_equal(run(config, params)["mlm_logits"], run(config, params)["mlm_logits"])
+
+
+def test_packed_examples_do_not_attend_to_each_other():
+    config = tiny()
+    model = modeling.pretraining_model(config)
+    params = modeling.init_params(model, jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(2), (1, 16), 5, 1000)
+    segments = jnp.array([[1] * 9 + [2] * 7])
+    packed = model.apply({"params": params}, ids, packing_segment_ids=segments)["last_hidden_state"]
+    alone = model.apply({"params": params}, ids[:, :9])["last_hidden_state"]
+    np.testing.assert_allclose(packed[:, :9], alone, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", config_lib.FAMILIES)
+def test_every_parameter_names_one_logical_axis_per_dimension(family):
+    config = tiny(family, scan_layers=True)
+    boxed = modeling.abstract_params(modeling.pretraining_model(config))
+    known = {name for name, _ in sharding.LOGICAL_AXIS_RULES}
+    leaves = jax.tree.leaves(boxed, is_leaf=lambda x: isinstance(x, nn.LogicallyPartitioned))
+    assert leaves and all(isinstance(leaf, nn.LogicallyPartitioned) for leaf in leaves)
+    for leaf in leaves:
+        assert len(leaf.names) == leaf.value.ndim and set(leaf.names) <= known, leaf
+
+
+def test_rules_shard_parameters_over_the_mesh():
+    mesh = sharding.make_mesh(2, 2, 2)
+    boxed = modeling.abstract_params(modeling.pretraining_model(tiny()))
+    shardings = sharding.mesh_shardings(boxed, mesh)
+    layer = shardings["backbone"]["encoder"]["layer_0"]
+    assert layer["intermediate"]["kernel"].spec == PartitionSpec("fsdp", "tensor")
+    assert layer["query"]["kernel"].spec == PartitionSpec("fsdp", "tensor", None)
+    assert shardings["backbone"]["embeddings"]["word_embeddings"]["embedding"].spec == PartitionSpec("tensor", "fsdp")
+
+
+@pytest.mark.parametrize("shape", [(3, 1, 1), (-1, 3, 1), (2, -1, -1)])
+def test_impossible_mesh_shapes_are_explained(shape):
+    with pytest.raises(sharding.MeshError, match="config.mesh"):
+        sharding.make_mesh(*shape)
