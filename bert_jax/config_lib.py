@@ -10,6 +10,8 @@ import pathlib
 
 import ml_collections
 
+from bert_jax.input_pipeline import config as input_config
+
 FAMILIES = ("bert", "roberta", "albert", "electra")
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "tanh")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
@@ -132,15 +134,14 @@ def preset_sizes(family: str) -> tuple[str, ...]:
     return tuple(module.SIZES)
 
 
-def select_size(sizes: dict, arg: str | None, default: str, family: str) -> dict:
+def select_size(sizes: dict, size: str, family: str) -> dict:
     """Look up a size preset, with an error that lists the valid ones."""
-    size = arg or default
     if size not in sizes:
         raise ConfigError(f"unknown {family} size {size!r}; choose one of {tuple(sizes)}")
     return dict(sizes[size])
 
 
-def pretraining_config(model: ml_collections.ConfigDict, objective: str) -> ml_collections.ConfigDict:
+def pretraining_config(model: ml_collections.ConfigDict, objective: str, size: str) -> ml_collections.ConfigDict:
     """Everything one pretraining run reads, with the model's architecture under `config.model`.
 
     Sections other than `model` are filled in by the pipeline and trainer defaults; every key exists here so that a
@@ -151,7 +152,43 @@ def pretraining_config(model: ml_collections.ConfigDict, objective: str) -> ml_c
     config.model = model
     config.objective = objective
     config.seed = 0
+    config.data = input_config.data_config(model.family, size)
+    config.masking = input_config.masking_config(model.family)
+    config.update(trainer_config(model.family, size))
     return config
+
+
+def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
+    """Loop, mesh and optimizer defaults of `bert_jax.train`; tiny presets run a short demo on a CPU."""
+    tiny = size == "tiny"
+    lamb = family == "albert"  # ALBERT trained with LAMB, the others with Adam
+    return ml_collections.ConfigDict(dict(
+        total_steps=200 if tiny else 1_000_000,
+        log_every_steps=10 if tiny else 100,
+        checkpoint_every_steps=100 if tiny else 10_000,
+        keep_checkpoints=3,
+        eval_every_steps=100 if tiny else 10_000,  # 0 turns evaluation off
+        eval_steps=2 if tiny else 20,  # batches per evaluation, from the stream seeded with seed + 1
+        # Mesh axis sizes; -1 takes the devices the other axes leave.
+        mesh=dict(data=-1, fsdp=1, tensor=1),
+        optimizer=dict(
+            name="lamb" if lamb else "adamw",
+            # LAMB moves each layer by about learning_rate of its norm per step, so it takes a larger rate.
+            learning_rate=(3e-2 if lamb else 1e-3) if tiny else (1.76e-3 if lamb else 1e-4),
+            warmup_steps=20 if tiny else 10_000,
+            decay="linear",  # after warmup, to 0 at total_steps: linear | polynomial (with `power`)
+            power=2.0,
+            weight_decay=0.01,  # not applied to biases and LayerNorm
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            grad_clip_norm=1.0,  # 0 turns clipping off
+            grad_accum_steps=1,  # micro-batches per update; data.batch_size is the size of the whole update
+        ),
+        rtd_weight=50.0,  # ELECTRA: loss = generator MLM + rtd_weight * discriminator loss
+        nan_policy="stop",  # a non-finite loss: stop (naming the step) | skip (that update)
+        peak_flops=0.0,  # per device, for MFU; 0 measures a matmul at start
+    ))
 
 
 def lock(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

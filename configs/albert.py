@@ -8,7 +8,7 @@ from bert_jax import config_lib
 ALBERT = dict(vocab_size=30000, embedding_size=128, hidden_act="gelu_new", hidden_dropout_prob=0.0,
               attention_probs_dropout_prob=0.0, num_hidden_groups=1)
 SIZES = {
-    "tiny": dict(ALBERT, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+    "tiny": dict(ALBERT, vocab_size=8000, embedding_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                  intermediate_size=256),
     "base": dict(ALBERT, hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
     "large": dict(ALBERT, hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
@@ -17,6 +17,6 @@ SIZES = {
 }
 
 
-def get_config(size=None):
-    model = config_lib.model_config("albert", **config_lib.select_size(SIZES, size, "base", "albert"))
-    return config_lib.lock(config_lib.pretraining_config(model, objective="mlm_sop"))
+def get_config(size="base"):
+    model = config_lib.model_config("albert", **config_lib.select_size(SIZES, size, "albert"))
+    return config_lib.lock(config_lib.pretraining_config(model, objective="mlm_sop", size=size))

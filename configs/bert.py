@@ -11,6 +11,6 @@ SIZES = {
 }
 
 
-def get_config(size=None):
-    model = config_lib.model_config("bert", **config_lib.select_size(SIZES, size, "base", "bert"))
-    return config_lib.lock(config_lib.pretraining_config(model, objective="mlm_nsp"))
+def get_config(size="base"):
+    model = config_lib.model_config("bert", **config_lib.select_size(SIZES, size, "bert"))
+    return config_lib.lock(config_lib.pretraining_config(model, objective="mlm_nsp", size=size))

@@ -26,6 +26,6 @@ SIZES = {
 }
 
 
-def get_config(size=None):
-    model = config_lib.model_config("electra", **config_lib.select_size(SIZES, size, "small", "electra"))
-    return config_lib.lock(config_lib.pretraining_config(model, objective="rtd"))
+def get_config(size="small"):
+    model = config_lib.model_config("electra", **config_lib.select_size(SIZES, size, "electra"))
+    return config_lib.lock(config_lib.pretraining_config(model, objective="rtd", size=size))

@@ -1,0 +1,176 @@
+"""Tokenize a corpus once into sharded TFRecord documents, streaming, in parallel, resumable.
+
+    python -m bert_jax.input_pipeline.prepare --tokenizer=data/bert-base-uncased/vocab.txt --output=DIR FILES...
+    python -m bert_jax.input_pipeline.prepare --tokenizer=PATH --output=DIR --tfds=wikipedia/20230601.en
+
+Work is split into units (one per input file, or `--tfds_units` even slices of a TFDS split); worker processes
+take units, and unit k writes shards `k-PART.tfrecord` of at most --docs_per_shard documents, then a marker
+`k.done.json` holding its counts. A rerun skips units with a marker and redoes the others from scratch, so an
+interrupted run resumes and never leaves a half-written shard behind (shards are written as *.tmp and renamed).
+Several machines can share the work with --process_index/--process_count. Memory per worker stays bounded: text is
+read line by line and tokenized ENCODE_BATCH_LINES lines at a time. Skipped input is counted in the summary
+(see `documents`). The pipeline then reads DIR via `config.data.prepared_dir=DIR`.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import multiprocessing
+import os
+import pathlib
+import sys
+
+import tensorflow as tf
+import tqdm
+from absl import app, flags
+
+from bert_jax.input_pipeline import documents, tokenizers
+
+FLAGS = flags.FLAGS
+
+
+class PrepareError(ValueError):
+    """Input that cannot be prepared; the message names it and what to do."""
+
+
+def tfds_builder(name: str, data_dir: str | None):
+    """The builder of a TFDS dataset that is already prepared on this machine (nothing is downloaded)."""
+    import tensorflow_datasets as tfds  # imported here: slow, and only TFDS inputs need it
+    try:
+        builder = tfds.builder(name, data_dir=data_dir)
+    except tfds.core.registered.DatasetNotFoundError as e:
+        raise PrepareError(f"--tfds={name}: no such TFDS dataset") from e
+    if not builder.is_prepared():
+        raise PrepareError(f"--tfds={name}: not available offline in {builder.data_dir}; build it where there is "
+                           f"network access (`tfds build {name}`) and pass its folder as --tfds_data_dir")
+    return builder
+
+
+def read_tfds_documents(unit: dict, counts: collections.Counter):
+    """Documents of one even slice of a TFDS split: each example's text, one sentence per non-empty line."""
+    import tensorflow_datasets as tfds
+    builder = tfds_builder(unit["name"], unit["data_dir"])
+    split = tfds.even_splits(unit["split"], unit["count"])[unit["index"]]
+    for example in builder.as_dataset(split=split).as_numpy_iterator():
+        try:
+            lines = [line.strip() for line in example[unit["text_key"]].decode("utf-8").split("\n")]
+        except UnicodeDecodeError:
+            counts["invalid_utf8_lines"] += 1
+            continue
+        doc = [line for line in lines if line]
+        if doc:
+            yield doc
+
+
+def prepare_unit(unit: dict) -> dict:
+    """Tokenize one unit into its shards; returns its counts (read back from the marker if it was done before)."""
+    output = pathlib.Path(unit["output"])
+    marker = output / f"{unit['id']:05d}.done.json"
+    if marker.exists():
+        return json.loads(marker.read_text())
+    for stale in output.glob(f"{unit['id']:05d}-*"):
+        stale.unlink()
+    tokenizer = tokenizers.load_tokenizer(unit["tokenizer_kind"], unit["tokenizer"], unit["lowercase"])
+    counts = documents.new_counts()
+    docs = (read_tfds_documents(unit, counts) if unit.get("name")
+            else documents.read_documents(unit["path"], counts))
+    parts, writer, in_part = [], None, 0
+    for token_ids, sentence_lengths in documents.tokenize_documents(docs, tokenizer, counts):
+        if writer is None or in_part == unit["docs_per_shard"]:
+            if writer:
+                writer.close()
+            parts.append(output / f"{unit['id']:05d}-{len(parts):04d}.tfrecord")
+            writer, in_part = tf.io.TFRecordWriter(f"{parts[-1]}.tmp"), 0
+        writer.write(documents.serialize(token_ids, sentence_lengths))
+        in_part += 1
+    if writer:
+        writer.close()
+    for part in parts:
+        os.replace(f"{part}.tmp", part)
+    result = dict(counts, shards=len(parts), source=str(unit.get("path") or unit.get("name")))
+    tmp = marker.with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, marker)
+    return result
+
+
+def work_units(inputs: list[str], output: pathlib.Path, tokenizer: str, tokenizer_kind: str, lowercase: bool,
+               docs_per_shard: int, tfds: dict | None) -> list[dict]:
+    """All units of the job, numbered the same on every machine; creates the output folder."""
+    common = dict(output=str(output), tokenizer=tokenizer, tokenizer_kind=tokenizer_kind, lowercase=lowercase,
+                  docs_per_shard=docs_per_shard)
+    if tfds:
+        tfds_builder(tfds["name"], tfds["data_dir"])  # fail now, not in a worker
+        units = [dict(common, id=i, index=i, **tfds) for i in range(tfds["count"])]
+    else:
+        missing = [f for f in inputs if not pathlib.Path(f).is_file()]
+        if not inputs or missing:
+            raise PrepareError(f"input files not found: {missing or 'none given'}")
+        units = [dict(common, id=i, path=str(f)) for i, f in enumerate(inputs)]
+    output.mkdir(parents=True, exist_ok=True)
+    return units
+
+
+def prepare(units: list[dict], num_workers: int, process_index: int = 0, process_count: int = 1) -> dict:
+    """Run this machine's share of the units; returns the summed counts of all of them."""
+    mine = units[process_index::process_count]
+    totals = collections.Counter()
+    progress = tqdm.tqdm(total=len(mine), unit="unit", desc="prepare", file=sys.stderr)
+    if num_workers > 1 and len(mine) > 1:
+        # spawn: TensorFlow and the Rust tokenizers are not fork-safe once initialised.
+        with multiprocessing.get_context("spawn").Pool(min(num_workers, len(mine))) as pool:
+            results = pool.imap_unordered(prepare_unit, mine)
+            for result in results:
+                _add(totals, result, progress)
+    else:
+        for unit in mine:
+            _add(totals, prepare_unit(unit), progress)
+    progress.close()
+    return dict(totals)
+
+
+def _add(totals, result, progress):
+    totals.update({k: v for k, v in result.items() if isinstance(v, int)})
+    progress.update(1)
+    progress.set_postfix(documents=totals["documents"], tokens=totals["tokens"])
+
+
+def main(argv):
+    for name in ("tokenizer", "output"):
+        if FLAGS[name].value is None:
+            raise app.UsageError(f"--{name} is required")
+    kind = FLAGS.tokenizer_kind or tokenizers.infer_kind(FLAGS.tokenizer)
+    tokenizers.load_tokenizer(kind, FLAGS.tokenizer, FLAGS.lowercase)  # a bad vocabulary fails before any work
+    output = pathlib.Path(FLAGS.output)
+    tfds = FLAGS.tfds and dict(name=FLAGS.tfds, split=FLAGS.tfds_split, data_dir=FLAGS.tfds_data_dir,
+                               text_key=FLAGS.tfds_text_key, count=FLAGS.tfds_units)
+    units = work_units(argv[1:], output, str(pathlib.Path(FLAGS.tokenizer).resolve()), kind, FLAGS.lowercase,
+                       FLAGS.docs_per_shard, tfds or None)
+    totals = prepare(units, FLAGS.num_workers, FLAGS.process_index, FLAGS.process_count)
+    if FLAGS.process_count == 1 and not totals.get("documents"):
+        raise PrepareError(f"no usable documents in the inputs (counts: {totals}); the text format is one sentence "
+                           "per line with a blank line between documents of at least two sentences")
+    (output / f"summary-{FLAGS.process_index:03d}.json").write_text(json.dumps(totals, indent=1))
+    print("summary: " + ", ".join(f"{k}={v}" for k, v in totals.items()))
+
+
+def define_flags():
+    """Command-line flags, defined only when run as a program so that importing this module is free."""
+    flags.DEFINE_string("tokenizer", None, "A vocab.txt (wordpiece), a .model (sentencepiece) or a bpe folder.")
+    flags.DEFINE_enum("tokenizer_kind", None, tokenizers.KINDS, "Tokenizer kind; by default from the path's name.")
+    flags.DEFINE_bool("lowercase", True, "Wordpiece only: lowercase text (uncased vocabularies).")
+    flags.DEFINE_string("output", None, "Folder for the shards (created; a rerun resumes in it).")
+    flags.DEFINE_integer("num_workers", max(1, (os.cpu_count() or 1)), "Worker processes on this machine.")
+    flags.DEFINE_integer("docs_per_shard", 50_000, "Documents per output shard.")
+    flags.DEFINE_integer("process_index", 0, "This machine's index when several share the work.")
+    flags.DEFINE_integer("process_count", 1, "How many machines share the work.")
+    flags.DEFINE_string("tfds", None, "A TFDS dataset name to read instead of text files (must be prepared locally).")
+    flags.DEFINE_string("tfds_split", "train", "TFDS split.")
+    flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir holding the prepared dataset.")
+    flags.DEFINE_string("tfds_text_key", "text", "TFDS feature with the text; its lines are the sentences.")
+    flags.DEFINE_integer("tfds_units", 64, "How many even slices of the TFDS split to process as separate units.")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
