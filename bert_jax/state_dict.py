@@ -9,6 +9,7 @@ Heads (what sits on top of the backbone, and the HF class that matches):
   pretraining    BertForPreTraining / AlbertForPreTraining                  -> PreTrainingModel(sentence_head=True)
   masked_lm      Bert/RobertaForMaskedLM, ElectraForMaskedLM (generator)    -> PreTrainingModel(sentence_head=False)
   discriminator  ElectraForPreTraining                                      -> ElectraDiscriminator
+  electra        ElectraForPreTraining + ElectraForMaskedLM (two files)     -> Electra (generator and discriminator)
 """
 from __future__ import annotations
 
@@ -188,6 +189,8 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], model, head: str):
 
 def model_for_head(model, head: str) -> nn.Module:
     """The bert_jax module whose parameters a checkpoint with this head fills."""
+    if head == "electra":
+        return modeling.Electra(model)
     if head == "backbone":
         return modeling.EncoderModel(model)
     if head == "discriminator":
@@ -215,6 +218,92 @@ def check_shapes(params, reference) -> None:
                               + "; ".join(wrong + [f"{k}: present in only one" for k in sorted(absent)]))
 
 
+def detect_head(names, family: str) -> str:
+    """The richest head whose tensors a state dict holds (e.g. 'pretraining' for BertForPreTraining)."""
+    def holds(module: str) -> bool:
+        return any(name == module or name.startswith(module + ".") for name in names)
+
+    for head in ("pretraining", "discriminator", "masked_lm"):
+        if head in available_heads(family) and all(holds(module) for module, _, _ in head_modules(family, head)):
+            return head
+    return "backbone"
+
+
+def has_pooler(names) -> bool:
+    """Whether a state dict holds the backbone's pooler (RobertaForMaskedLM and ELECTRA files have none)."""
+    return any("pooler" in name.split(".") for name in names)
+
+
+def electra_parts(params) -> dict:
+    """The discriminator (ElectraDiscriminator) and generator (PreTrainingModel) params inside joint Electra
+    params; both halves see the one shared embeddings module."""
+    def part(encoder, head_name, head):
+        return {"backbone": {"embeddings": params["embeddings"], **params[encoder]}, head_name: params[head]}
+
+    return {"discriminator": part("discriminator", "discriminator_head", "discriminator_head"),
+            "generator": part("generator", "mlm_head", "generator_head")}
+
+
+def electra_params_from_hf(discriminator_state: Mapping, generator_state: Mapping, model):
+    """Joint Electra params from an ElectraForPreTraining and an ElectraForMaskedLM state dict.
+
+    ELECTRA trains both halves on one embeddings table, so differing embeddings mean the two files do not belong
+    together (the classic mix-up); that is an error naming the tensors.
+    """
+    discriminator = params_from_hf(discriminator_state, model, "discriminator")
+    generator = params_from_hf(generator_state, config_lib.generator_config(model), "masked_lm")
+    disc_backbone, gen_backbone = dict(discriminator["backbone"]), dict(generator["backbone"])
+    embeddings = traverse_util.flatten_dict(disc_backbone.pop("embeddings"), sep="/")
+    gen_embeddings = traverse_util.flatten_dict(gen_backbone.pop("embeddings"), sep="/")
+    differing = [k for k, v in embeddings.items() if not np.array_equal(v, gen_embeddings[k])]
+    if differing:
+        raise ConversionError(f"the generator's and the discriminator's embeddings differ ({_describe(differing)}); "
+                              "ELECTRA shares them, so these are not two halves of one checkpoint")
+    return {"embeddings": traverse_util.unflatten_dict(embeddings, sep="/"), "generator": gen_backbone,
+            "generator_head": generator["mlm_head"], "discriminator": disc_backbone,
+            "discriminator_head": discriminator["discriminator_head"]}
+
+
+def electra_params_to_hf(params, model) -> dict[str, dict[str, np.ndarray]]:
+    """{"discriminator": ElectraForPreTraining state dict, "generator": ElectraForMaskedLM state dict}."""
+    parts = electra_parts(params)
+    return {"discriminator": params_to_hf(parts["discriminator"], model, "discriminator"),
+            "generator": params_to_hf(parts["generator"], config_lib.generator_config(model), "masked_lm")}
+
+
+HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                  "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
+                  "type_vocab_size", "layer_norm_eps", "initializer_range", "embedding_size", "num_hidden_groups",
+                  "pad_token_id")
+HF_ARCHITECTURES = {
+    "backbone": {"bert": "BertModel", "roberta": "RobertaModel", "albert": "AlbertModel", "electra": "ElectraModel"},
+    "pretraining": {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining"},
+    "masked_lm": {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "albert": "AlbertForMaskedLM",
+                  "electra": "ElectraForMaskedLM"},
+    "discriminator": {"electra": "ElectraForPreTraining"},
+}
+
+
+def config_to_hf(model, head: str) -> dict:
+    """The HF config.json dict of a bert_jax model config with this head (the inverse of config_from_hf)."""
+    family = model.family
+    if family in ("bert", "roberta") and model.embedding_size != model.hidden_size:
+        raise ConversionError(f"HF's {family} has no embedding projection; embedding_size={model.embedding_size} "
+                              f"must equal hidden_size={model.hidden_size} to export")
+    if head not in available_heads(family):
+        raise ConversionError(f"{family} has no {head!r} head; choose one of {available_heads(family)}")
+    hf = {key: model[key] for key in HF_CONFIG_KEYS}
+    if family != "albert":
+        del hf["num_hidden_groups"]
+    if family in ("bert", "roberta"):
+        del hf["embedding_size"]
+    if family == "albert":
+        hf["inner_group_num"] = 1
+    hf.update(model_type=family, architectures=[HF_ARCHITECTURES[head][family]],
+              position_embedding_type="absolute")
+    return hf
+
+
 def config_from_hf(hf_config: Mapping, pooler: bool | None = None):
     """A bert_jax model config from an HF config.json dict. `pooler` defaults to whether the family has one."""
     family = hf_config.get("model_type")
@@ -225,10 +314,6 @@ def config_from_hf(hf_config: Mapping, pooler: bool | None = None):
                               "only absolute position embeddings")
     if family == "albert" and hf_config.get("inner_group_num", 1) != 1:
         raise ConversionError("ALBERT with inner_group_num != 1 is not supported (no released model uses it)")
-    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
-            "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
-            "type_vocab_size", "layer_norm_eps", "initializer_range", "embedding_size", "num_hidden_groups",
-            "pad_token_id")
-    sizes = {k: hf_config[k] for k in keys if hf_config.get(k) is not None}
+    sizes = {k: hf_config[k] for k in HF_CONFIG_KEYS if hf_config.get(k) is not None}
     sizes["pooler"] = family != "electra" if pooler is None else pooler
     return config_lib.model_config(family, **sizes)

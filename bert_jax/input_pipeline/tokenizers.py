@@ -170,6 +170,19 @@ def load_tokenizer(kind: str, path: str | pathlib.Path, lowercase: bool = True) 
     return ByteLevelBPETokenizer(path if path.is_dir() else path.parent)
 
 
+def load_tokenizer_json(file: str | pathlib.Path) -> Tokenizer:
+    """An HF tokenizer.json, as model folders ship it, behind the same interface (without padding or truncation,
+    which callers do per batch)."""
+    file = pathlib.Path(file)
+    backend = tokenizers.Tokenizer.from_file(str(file))
+    backend.no_padding()
+    backend.no_truncation()
+    kind = {"WordPiece": "wordpiece", "BPE": "bpe", "Unigram": "sentencepiece"}.get(type(backend.model).__name__)
+    if kind is None:
+        raise TokenizerError(f"{file}: a {type(backend.model).__name__} tokenizer; expected WordPiece, BPE or Unigram")
+    return _HFTokenizer(kind, file, backend)
+
+
 def infer_kind(path: str | pathlib.Path) -> str:
     """The tokenizer kind a path holds, from its name: *.txt wordpiece, *.model sentencepiece, a folder bpe."""
     path = pathlib.Path(path)

@@ -1,0 +1,28 @@
+"""Convert a checkpoint between formats: anything load_pretrained reads -> an HF directory or a bert_jax workdir.
+
+    python -m bert_jax.convert --input=PATH --output=PATH --format=hf|bert_jax [--task=TASK]
+
+e.g. an original ELECTRA TF checkpoint to HF:  --input=electra_small --output=electra_small_hf --format=hf
+(writes discriminator/ and generator/; --task=discriminator writes the discriminator alone).
+"""
+from absl import app, flags
+
+from bert_jax import pretrained
+
+_INPUT = flags.DEFINE_string("input", None, "HF directory, original TF checkpoint directory or bert_jax workdir.",
+                             required=True)
+_OUTPUT = flags.DEFINE_string("output", None, "Directory to create (must not exist or be empty).", required=True)
+_FORMAT = flags.DEFINE_enum("format", "hf", ["hf", "bert_jax"], "Output format.")
+_TASK = flags.DEFINE_enum("task", None, list(pretrained.TASKS), "Model to take from the input (default: all of it).")
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    loaded = pretrained.load_pretrained(_INPUT.value, task=_TASK.value)
+    output = pretrained.save_pretrained(loaded, _OUTPUT.value, format=_FORMAT.value)
+    print(f"wrote {loaded.config.family} {loaded.task} ({_FORMAT.value}) to {output}")
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,437 @@
+"""`load_pretrained` and `save_pretrained`: one object for notebooks over HF, original TF1 and bert_jax checkpoints.
+
+Every source becomes (model config, task, params): HF and TF1 files through the tables in `state_dict` and
+`tf_checkpoint`, bert_jax workdirs through Orbax. A task names which model the params fill:
+  backbone       EncoderModel                       (any checkpoint's encoder)
+  pretraining    PreTrainingModel, MLM + NSP/SOP    (BERT, ALBERT)
+  masked_lm      PreTrainingModel, MLM only         (BERT, RoBERTa, ALBERT)
+  discriminator  ElectraDiscriminator
+  generator      ELECTRA's generator, a PreTrainingModel with the generator's config
+  both           Electra: generator and discriminator sharing their embeddings
+A checkpoint holds one task and can be loaded as any task inside it (e.g. a BertForPreTraining file as backbone).
+
+The bert_jax format is the trainer's workdir: config.json (model architecture under "model", objective under
+"objective") and an Orbax CheckpointManager directory checkpoints/<step>/ whose item "params" is the params pytree.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+import pathlib
+import shutil
+import tempfile
+import warnings
+
+import jax
+import ml_collections
+import numpy as np
+import safetensors
+import safetensors.numpy
+from flax import linen as nn
+
+from bert_jax import config_lib, modeling, sharding, state_dict, tf_checkpoint
+from bert_jax.input_pipeline import tokenizers as tokenizer_lib
+from bert_jax.modeling.transformer import to_unscanned_layout
+
+TASKS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator", "both")
+# The tasks a checkpoint of each task also holds.
+SUBTASKS = {"both": ("discriminator", "generator", "backbone"), "pretraining": ("masked_lm", "backbone"),
+            "masked_lm": ("backbone",), "discriminator": ("backbone",), "generator": ("backbone",), "backbone": ()}
+# What the trainer builds for each objective (see modeling.pretraining_model).
+TASK_OF_OBJECTIVE = {"mlm_nsp": "pretraining", "mlm_sop": "pretraining", "mlm": "masked_lm", "rtd": "both"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
+                   "merges.txt")
+HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+class LoadError(ValueError):
+    """A path or task that load_pretrained cannot use; the message names the file and what would work."""
+
+
+def head_of(task: str) -> str:
+    """The state_dict head whose parameter layout a task has."""
+    return {"generator": "masked_lm", "both": "electra"}.get(task, task)
+
+
+def task_of(family: str, head: str) -> str:
+    """The inverse of head_of: ELECTRA's masked-LM model is its generator."""
+    if family == "electra":
+        return {"masked_lm": "generator", "electra": "both"}.get(head, head)
+    return head
+
+
+@dataclasses.dataclass
+class Pretrained:
+    """A loaded checkpoint: `params` fill `model` (built from `config` for `task`); `tokenizer` may be None."""
+
+    config: ml_collections.ConfigDict
+    task: str
+    params: dict
+    tokenizer: tokenizer_lib.Tokenizer | None = None
+
+    @functools.cached_property
+    def model(self) -> nn.Module:
+        return state_dict.model_for_head(self.config, head_of(self.task))
+
+    def backbone_params(self) -> dict:
+        return narrow(self.params, self.config, self.task, "backbone")[0]
+
+    @functools.cached_property
+    def _encode_fn(self):
+        encoder = modeling.EncoderModel(self.config)
+        return jax.jit(lambda params, ids, mask, types: encoder.apply({"params": params}, ids, mask, types))
+
+    @functools.cached_property
+    def _mlm_logits_fn(self):
+        if self.task == "both":
+            return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs, method="generator_logits"))
+        return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs)["mlm_logits"])
+
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None) -> dict[str, np.ndarray]:
+        """The encoder's outputs as numpy: last_hidden_state [B, S, H], and pooler_output [B, H] when the model
+        has a pooler (ELECTRA has none)."""
+        ids = np.asarray(input_ids, np.int32)
+        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, np.int32)
+        types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids, np.int32)
+        outputs = self._encode_fn(self.backbone_params(), ids, mask, types)
+        return {name: np.asarray(value) for name, value in outputs.items()}
+
+    def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """[CLS] text [SEP] per text, truncated to the model's length and padded to the longest."""
+        cfg = self.config
+        # RoBERTa's positions start after pad_token_id, which takes pad_token_id + 1 of its position embeddings.
+        length = cfg.max_position_embeddings - (cfg.pad_token_id + 1 if cfg.family == "roberta" else 0)
+        return self._batch([tokens[:length - 2] for tokens in self._require_tokenizer().encode_batch(list(texts))])
+
+    def _require_tokenizer(self) -> tokenizer_lib.Tokenizer:
+        if self.tokenizer is None:
+            raise LoadError("this checkpoint was loaded without tokenizer files; pass token ids to .encode, or put a "
+                            "tokenizer.json / vocab.txt / vocab.json+merges.txt / *.model next to the checkpoint")
+        return self.tokenizer
+
+    def _batch(self, token_lists: list[list[int]]) -> dict[str, np.ndarray]:
+        special = self._require_tokenizer().special
+        rows = [[special.cls, *tokens, special.sep] for tokens in token_lists]
+        length = max(len(row) for row in rows)
+        input_ids = np.full((len(rows), length), special.pad, np.int32)
+        attention_mask = np.zeros((len(rows), length), np.int32)
+        for i, row in enumerate(rows):
+            input_ids[i, :len(row)], attention_mask[i, :len(row)] = row, 1
+        return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": np.zeros_like(input_ids)}
+
+    def embed(self, texts: list[str], pooling: str = "cls", normalize: bool = False,
+              batch_size: int = 32) -> np.ndarray:
+        """[n, hidden] sentence vectors: the [CLS] hidden state, or the mean over real tokens
+        (sentence-transformers' pooling); `normalize` scales each to unit length for cosine similarity."""
+        if pooling not in ("cls", "mean"):
+            raise ValueError(f"pooling={pooling!r}; choose 'cls' or 'mean'")
+        texts = list(texts)
+        vectors = [self._pool(texts[i:i + batch_size], pooling) for i in range(0, len(texts), batch_size)]
+        vectors = np.concatenate(vectors) if vectors else np.zeros((0, self.config.hidden_size), np.float32)
+        if normalize:
+            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+        return vectors
+
+    def _pool(self, texts: list[str], pooling: str) -> np.ndarray:
+        inputs = self.tokenize(texts)
+        hidden = self.encode(**inputs)["last_hidden_state"]
+        if pooling == "cls":
+            return hidden[:, 0]
+        mask = inputs["attention_mask"][..., None].astype(hidden.dtype)
+        return (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+
+    def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
+        """For each mask token in `text` (e.g. "[MASK]", "<mask>"), the top_k (token, probability) predictions."""
+        if self.task not in ("pretraining", "masked_lm", "generator", "both"):
+            raise LoadError(f"fill_mask needs a masked-LM head; this is a {self.task!r} model (load a pretraining, "
+                            "masked_lm or ELECTRA generator checkpoint)")
+        tokenizer = self._require_tokenizer()
+        mask_token = tokenizer.id_to_token(tokenizer.special.mask)
+        pieces = [tokenizer.encode(piece.strip()) if piece.strip() else [] for piece in text.split(mask_token)]
+        if len(pieces) < 2:
+            raise ValueError(f"no {mask_token} in {text!r}")
+        tokens = functools.reduce(lambda left, right: left + [tokenizer.special.mask] + right, pieces)
+        inputs = self._batch([tokens])
+        logits = np.asarray(self._mlm_logits_fn(self.params, inputs["input_ids"], inputs["attention_mask"],
+                                                inputs["token_type_ids"]))[0]
+        probabilities = np.asarray(jax.nn.softmax(logits[inputs["input_ids"][0] == tokenizer.special.mask], -1))
+        return [[(tokenizer.id_to_token(int(i)), float(p[i])) for i in np.argsort(-p)[:top_k]] for p in probabilities]
+
+
+def narrow(params, config, have: str, want: str):
+    """(params, config) of task `want` inside a checkpoint of task `have`."""
+    if want == have:
+        return params, config
+    if want not in SUBTASKS[have]:
+        raise LoadError(f"this checkpoint holds a {have!r} model, which does not contain task={want!r}; "
+                        f"it loads as {(have,) + SUBTASKS[have]}")
+    if have == "both":
+        part = "generator" if want == "generator" else "discriminator"
+        part_config = config_lib.generator_config(config) if part == "generator" else config
+        return narrow(state_dict.electra_parts(params)[part], part_config, part, want)
+    if want == "backbone":
+        return params["backbone"], config
+    return {k: v for k, v in params.items() if k != "sentence_pair_head"}, config  # pretraining -> masked_lm
+
+
+def abstract_target(model: nn.Module, mesh=None):
+    """The params as ShapeDtypeStructs carrying their wanted shardings (what Orbax restores onto): the first CPU
+    device by default, else the mesh through the logical-axis rules."""
+    boxed = modeling.abstract_params(model)
+    if mesh is None:
+        cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+        shardings = jax.tree.map(lambda _: cpu, nn.unbox(boxed))
+    else:
+        shardings = sharding.mesh_shardings(boxed, mesh)
+    return jax.tree.map(lambda leaf, where: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=where),
+                        nn.unbox(boxed), shardings)
+
+
+# ----------------------------------------------------------------------------------------------------------- load
+
+
+def load_pretrained(path, task: str | None = None, mesh=None) -> Pretrained:
+    """Load an HF model directory, an original TF1 checkpoint directory, or a bert_jax workdir (or one of its
+    checkpoints/<step>). `task` picks a model inside the checkpoint (default: everything it holds); with `mesh`
+    the params are sharded over it by the logical-axis rules, else they sit on the CPU."""
+    path = pathlib.Path(path)
+    if not path.exists() and not pathlib.Path(f"{path}.index").exists():  # a TF prefix names no file itself
+        raise LoadError(f"{path} does not exist")
+    if task is not None and task not in TASKS:
+        raise LoadError(f"task={task!r}; choose one of {TASKS}")
+    config, have, params, tokenizer = read_checkpoint(path, mesh)
+    params, config = narrow(params, config, have, task or have)
+    model = state_dict.model_for_head(config, head_of(task or have))
+    params = jax.device_put(params, jax.tree.map(lambda leaf: leaf.sharding, abstract_target(model, mesh)))
+    return Pretrained(config=config, task=task or have, params=params, tokenizer=tokenizer)
+
+
+def read_checkpoint(path: pathlib.Path, mesh=None):
+    """(model config, task, params, tokenizer) of whatever checkpoint `path` is."""
+    workdir, step = _workdir_and_step(path)
+    if workdir is not None:
+        return (*read_workdir(workdir, step, mesh), find_tokenizer(workdir, _workdir_tokenizer(workdir)))
+    directories = _hf_directories(path)
+    if directories:
+        configs = {name: _read_json(d / "config.json") for name, d in directories.items()}
+        states = {name: read_hf_weights(d) for name, d in directories.items()}
+        return (*from_hf(configs, states), find_tokenizer(next(iter(directories.values()))))
+    if pathlib.Path(f"{path}.index").exists() or list(path.glob("*.index")) or (path / "checkpoint").exists():
+        return (*from_hf(*tf_checkpoint.read(path)), find_tokenizer(path if path.is_dir() else path.parent))
+    raise LoadError(f"{path}: not a checkpoint. Expected an HF directory (config.json + {' or '.join(HF_WEIGHTS)}), "
+                    "an original TF checkpoint directory (model.ckpt-*.index + bert_config.json or "
+                    "albert_config.json) or a bert_jax workdir (config.json + checkpoints/)")
+
+
+def _hf_directories(path: pathlib.Path) -> dict[str, pathlib.Path]:
+    """{"model": path} for an HF directory; discriminator/ and generator/ for a joint ELECTRA export; else {}."""
+    if (path / "config.json").exists():
+        return {"model": path}
+    parts = {part: path / part for part in ("discriminator", "generator")}
+    return parts if all((d / "config.json").exists() for d in parts.values()) else {}
+
+
+def from_hf(configs: dict[str, dict], states: dict[str, dict]):
+    """(config, task, numpy params) from HF config and state dicts keyed "model", or "discriminator" and
+    "generator" for a joint ELECTRA checkpoint."""
+    if "model" in states:
+        state = states["model"]
+        config = state_dict.config_from_hf(configs["model"], pooler=state_dict.has_pooler(state))
+        head = state_dict.detect_head(state, config.family)
+        return config, task_of(config.family, head), state_dict.params_from_hf(state, config, head)
+    config = state_dict.config_from_hf(configs["discriminator"], pooler=False)
+    generator = state_dict.config_from_hf(configs["generator"], pooler=False)
+    config.generator.update({key: generator[key] for key in config.generator})
+    return config, "both", state_dict.electra_params_from_hf(states["discriminator"], states["generator"], config)
+
+
+def read_hf_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
+    """An HF directory's tensors, from model.safetensors, a sharded safetensors index, or pytorch_model.bin."""
+    single, index, pickle = (directory / name for name in HF_WEIGHTS)
+    if single.exists():
+        return read_safetensors(single)
+    if index.exists():
+        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        return {name: array for shard in shards for name, array in read_safetensors(directory / shard).items()}
+    if pickle.exists():
+        try:
+            import torch  # only for this legacy format; safetensors needs no torch
+        except ImportError as e:
+            raise LoadError(f"{pickle}: reading pytorch_model.bin needs torch; install it or use safetensors") from e
+        return {name: tensor.float().numpy() for name, tensor in
+                torch.load(pickle, map_location="cpu", weights_only=True).items()}
+    raise LoadError(f"{directory}: has config.json but no weights ({', '.join(HF_WEIGHTS)})")
+
+
+def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+    try:
+        return safetensors.numpy.load_file(file)
+    except (safetensors.SafetensorError, OSError) as e:
+        raise LoadError(f"{file}: cannot read this safetensors file ({e}); it is truncated or corrupt — "
+                        "download or export it again") from e
+
+
+def _read_json(file: pathlib.Path) -> dict:
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{file}: not valid JSON ({e})") from e
+
+
+def _workdir_and_step(path: pathlib.Path) -> tuple[pathlib.Path | None, int | None]:
+    """A bert_jax workdir given as itself, its checkpoints/ folder or one checkpoints/<step>/ (None if not one)."""
+    if path.name.isdigit() and path.parent.name == "checkpoints":
+        workdir, step = path.parent.parent, int(path.name)
+    else:
+        workdir, step = (path.parent if path.name == "checkpoints" else path), None
+    config_file = workdir / "config.json"
+    if config_file.exists() and "model" in _read_json(config_file):
+        return workdir, step
+    return None, None
+
+
+def _workdir_config(workdir: pathlib.Path):
+    """(model config, task) from a workdir's config.json."""
+    saved = _read_json(workdir / "config.json")
+    config = config_lib.model_config(**saved["model"])
+    config_lib.validate_model_config(config)
+    task = saved.get("task") or TASK_OF_OBJECTIVE.get(saved.get("objective"))
+    if task not in TASKS:
+        raise LoadError(f"{workdir / 'config.json'}: objective={saved.get('objective')!r} is not one of "
+                        f"{tuple(TASK_OF_OBJECTIVE)} and no task is given")
+    return config, task_of(config.family, head_of(task))
+
+
+def read_workdir(workdir: pathlib.Path, step: int | None, mesh=None):
+    """(config, task, params) restored from the latest (or given) step, straight onto the wanted shardings."""
+    import orbax.checkpoint as ocp
+
+    config, task = _workdir_config(workdir)
+    handlers = {"params": ocp.StandardCheckpointHandler()}  # the train_state item is left alone
+    with ocp.CheckpointManager(workdir / "checkpoints", item_handlers=handlers) as manager:
+        if not manager.all_steps():
+            raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint saved yet")
+        step = manager.latest_step() if step is None else step
+        target = abstract_target(state_dict.model_for_head(config, head_of(task)), mesh)
+        try:  # compare the stored shapes first, for an error that names the parameters
+            state_dict.check_shapes(manager.item_metadata(step)["params"].tree, target)
+        except state_dict.ConversionError as e:
+            raise LoadError(f"{workdir / 'checkpoints' / str(step)}: params do not match config.json: {e}") from e
+        restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
+    return config, task, restored["params"]
+
+
+def _workdir_tokenizer(workdir: pathlib.Path) -> tokenizer_lib.Tokenizer | None:
+    """The tokenizer a training config names (config.data.tokenizer_kind/tokenizer_path), if it exists here."""
+    data = _read_json(workdir / "config.json").get("data") or {}
+    if not data.get("tokenizer_path"):
+        return None
+    # Presets name repository files relative to the repository root, where training runs.
+    for path in (pathlib.Path(data["tokenizer_path"]), config_lib.CONFIG_DIR.parent / data["tokenizer_path"]):
+        if path.exists():
+            return tokenizer_lib.load_tokenizer(data["tokenizer_kind"], path)
+    return None
+
+
+def find_tokenizer(directory: pathlib.Path, found: tokenizer_lib.Tokenizer | None = None):
+    """The tokenizer stored in a checkpoint directory: tokenizer.json (exact HF pipeline), else vocab.txt,
+    vocab.json + merges.txt or a sentencepiece *.model. None, with a warning, if there is none."""
+    if found is not None:
+        return found
+    json_file, vocab, bpe_vocab = directory / "tokenizer.json", directory / "vocab.txt", directory / "vocab.json"
+    spm_models = sorted(directory.glob("*.model"))
+    if json_file.exists():
+        return tokenizer_lib.load_tokenizer_json(json_file)
+    if vocab.exists():
+        config_file = directory / "tokenizer_config.json"
+        lowercase = _read_json(config_file).get("do_lower_case", True) if config_file.exists() else True
+        return tokenizer_lib.load_tokenizer("wordpiece", vocab, lowercase=lowercase)
+    if bpe_vocab.exists():
+        return tokenizer_lib.load_tokenizer("bpe", directory)
+    if spm_models:
+        return tokenizer_lib.load_tokenizer("sentencepiece", spm_models[0])
+    warnings.warn(f"{directory}: no tokenizer files (tokenizer.json, vocab.txt, vocab.json + merges.txt or *.model); "
+                  ".tokenizer is None and .embed/.fill_mask need one — .encode takes token ids")
+    return None
+
+
+# ----------------------------------------------------------------------------------------------------------- save
+
+
+def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) -> pathlib.Path:
+    """Write `obj` as an HF directory (config.json + model.safetensors; ELECTRA's `both` as discriminator/ and
+    generator/ subdirectories) or as a bert_jax workdir (config.json + checkpoints/<step>/params). Tokenizer files
+    are copied along. Written to a temporary sibling and renamed, so a failure leaves nothing behind."""
+    path = pathlib.Path(path)
+    if format not in ("hf", "bert_jax"):
+        raise ValueError(f"format={format!r}; choose 'hf' or 'bert_jax'")
+    if path.exists() and any(path.iterdir()):
+        raise FileExistsError(f"{path} exists and is not empty; choose a new output path")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        if format == "hf":
+            write_hf(obj, staging)
+        else:
+            write_bert_jax(obj, staging, step)
+        if path.exists():
+            path.rmdir()
+        os.replace(staging, path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _host_params(obj: Pretrained) -> dict:
+    """Params as numpy in the unscanned layout that the HF tables read."""
+    return to_unscanned_layout(jax.tree.map(np.asarray, jax.device_get(obj.params)))
+
+
+def write_hf(obj: Pretrained, directory: pathlib.Path) -> None:
+    params = _host_params(obj)
+    if obj.task == "both":
+        states = state_dict.electra_params_to_hf(params, obj.config)
+        configs = {"discriminator": obj.config, "generator": config_lib.generator_config(obj.config)}
+        heads = {"discriminator": "discriminator", "generator": "masked_lm"}
+        for part in ("discriminator", "generator"):
+            _write_hf_model(directory / part, state_dict.config_to_hf(configs[part], heads[part]), states[part],
+                            obj.tokenizer)
+        return
+    head = head_of(obj.task)
+    hf_base = "" if head == "backbone" else None  # HF's base models (BertModel, ...) save without a prefix
+    _write_hf_model(directory, state_dict.config_to_hf(obj.config, head),
+                    state_dict.params_to_hf(params, obj.config, head, hf_base), obj.tokenizer)
+
+
+def _write_hf_model(directory: pathlib.Path, hf_config: dict, state: dict, tokenizer) -> None:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    safetensors.numpy.save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    copy_tokenizer(tokenizer, directory)
+
+
+def write_bert_jax(obj: Pretrained, directory: pathlib.Path, step: int) -> None:
+    """The trainer's workdir layout, with only the "params" item (a conversion has no optimizer state)."""
+    import orbax.checkpoint as ocp
+
+    objective = {"pretraining": "mlm_sop" if obj.config.family == "albert" else "mlm_nsp", "masked_lm": "mlm",
+                 "generator": "mlm", "both": "rtd"}.get(obj.task)
+    saved = {"model": obj.config.to_dict(), "objective": objective, "task": obj.task}
+    (directory / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
+    with ocp.CheckpointManager(directory / "checkpoints") as manager:
+        manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(obj.params)))
+        manager.wait_until_finished()
+    copy_tokenizer(obj.tokenizer, directory)
+
+
+def copy_tokenizer(tokenizer, directory: pathlib.Path) -> None:
+    """Copy the tokenizer's file(s) and the HF tokenizer files beside them."""
+    if tokenizer is None:
+        return
+    source = pathlib.Path(tokenizer.path)
+    folder = source if source.is_dir() else source.parent
+    files = {folder / name for name in TOKENIZER_FILES} | ({source} if source.is_file() else set())
+    for file in sorted(f for f in files if f.exists()):
+        shutil.copy2(file, directory / file.name)

