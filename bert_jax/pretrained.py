@@ -35,6 +35,7 @@ from bert_jax import config_lib, modeling, sharding, state_dict, tf_checkpoint
 from bert_jax.input_pipeline import tokenizers as tokenizer_lib
 from bert_jax.modeling.transformer import to_unscanned_layout
 
+LENGTH_BUCKET = 32  # tokenize() pads batches to a multiple of this many tokens
 TASKS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator", "both")
 # The tasks a checkpoint of each task also holds.
 SUBTASKS = {"both": ("discriminator", "generator", "backbone"), "pretraining": ("masked_lm", "backbone"),
@@ -100,10 +101,13 @@ class Pretrained:
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         """[CLS] text [SEP] per text, truncated to the model's length and padded to the longest."""
-        cfg = self.config
-        # RoBERTa's positions start after pad_token_id, which takes pad_token_id + 1 of its position embeddings.
-        length = cfg.max_position_embeddings - (cfg.pad_token_id + 1 if cfg.family == "roberta" else 0)
+        length = self._max_tokens()
         return self._batch([tokens[:length - 2] for tokens in self._require_tokenizer().encode_batch(list(texts))])
+
+    def _max_tokens(self) -> int:
+        """The longest input the position table takes: RoBERTa's positions start after pad_token_id."""
+        cfg = self.config
+        return cfg.max_position_embeddings - (cfg.pad_token_id + 1 if cfg.family == "roberta" else 0)
 
     def _require_tokenizer(self) -> tokenizer_lib.Tokenizer:
         if self.tokenizer is None:
@@ -114,7 +118,9 @@ class Pretrained:
     def _batch(self, token_lists: list[list[int]]) -> dict[str, np.ndarray]:
         special = self._require_tokenizer().special
         rows = [[special.cls, *tokens, special.sep] for tokens in token_lists]
-        length = max(len(row) for row in rows)
+        # Pad to a multiple of LENGTH_BUCKET so that batches of similar length reuse one compiled encoder.
+        longest = max(len(row) for row in rows)
+        length = min(-(-longest // LENGTH_BUCKET) * LENGTH_BUCKET, self._max_tokens())
         input_ids = np.full((len(rows), length), special.pad, np.int32)
         attention_mask = np.zeros((len(rows), length), np.int32)
         for i, row in enumerate(rows):
