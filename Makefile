@@ -1,9 +1,13 @@
 # make test: create .venv if missing, install bert_jax with its test extras, run the suite.
+# make train: create .venv if missing, install bert_jax, pretrain a tiny BERT on the bundled corpus (runs/bert-tiny).
+# make bench: run the CPU benchmarks against transformers and write benchmarks/RESULTS.md.
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
+TRAIN_WORKDIR ?= runs/bert-tiny
+TRAIN_FLAGS ?=
 
-.PHONY: test
+.PHONY: test train bench
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,3 +17,17 @@ $(VENV)/.installed: setup.py
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+bench: $(VENV)/.installed
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/run_all.py
+
+# Training needs the package alone, not the test extras (torch, transformers).
+$(VENV)/.installed-train: setup.py
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e .
+	touch $@
+
+# A workdir that already holds a checkpoint continues from it; delete it (or set TRAIN_WORKDIR) to start afresh.
+train: $(VENV)/.installed-train
+	TF_CPP_MIN_LOG_LEVEL=2 $(PY) -m bert_jax.train --config=configs/bert.py:tiny --workdir=$(TRAIN_WORKDIR) $(TRAIN_FLAGS)

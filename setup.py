@@ -19,6 +19,7 @@ setup(
         "tokenizers>=0.22",
         "safetensors>=0.5",
         "numpy>=2.0",
+        "tqdm>=4.66",
     ],
     extras_require={
         "test": [

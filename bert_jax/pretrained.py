@@ -202,7 +202,7 @@ def load_pretrained(path, task: str | None = None, mesh=None) -> Pretrained:
     """Load an HF model directory, an original TF1 checkpoint directory, or a bert_jax workdir (or one of its
     checkpoints/<step>). `task` picks a model inside the checkpoint (default: everything it holds); with `mesh`
     the params are sharded over it by the logical-axis rules, else they sit on the CPU."""
-    path = pathlib.Path(path)
+    path = pathlib.Path(path).absolute()  # Orbax takes absolute paths only
     if not path.exists() and not pathlib.Path(f"{path}.index").exists():  # a TF prefix names no file itself
         raise LoadError(f"{path} does not exist")
     if task is not None and task not in TASKS:
@@ -316,7 +316,8 @@ def read_workdir(workdir: pathlib.Path, step: int | None, mesh=None):
 
     config, task = _workdir_config(workdir)
     handlers = {"params": ocp.StandardCheckpointHandler()}  # the train_state item is left alone
-    with ocp.CheckpointManager(workdir / "checkpoints", item_handlers=handlers) as manager:
+    with ocp.CheckpointManager(workdir / "checkpoints", item_names=("params", "train_state"),
+                               item_handlers=handlers) as manager:
         if not manager.all_steps():
             raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint saved yet")
         step = manager.latest_step() if step is None else step

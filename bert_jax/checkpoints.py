@@ -1,0 +1,109 @@
+"""A run's workdir: `config.json` and an Orbax CheckpointManager in `checkpoints/` with two items per step.
+
+  params       the parameter pytree in the model's own layout (stacked under `layers` with scan_layers)
+  train_state  optimizer state, step and the rng key data; with the config's seed, the step is also the input
+               pipeline's position (batch i is a pure function of the seed and i)
+
+A reader can restore "params" alone. Restores always go against an abstract target whose leaves carry the wanted
+shardings, so a checkpoint written on one mesh loads on any other. Orbax writes each step to a temporary folder and
+renames it when complete, so an interrupted or failed save (a full disk) leaves the last good step as it was.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+
+import jax
+import ml_collections
+import orbax.checkpoint as ocp
+
+CONFIG_FILE = "config.json"
+CHECKPOINT_DIR = "checkpoints"
+# Execution switches: changing them between runs keeps the parameters loadable (scan_layers changes the layout).
+EXECUTION_KEYS = ("dtype", "remat_policy", "attention_impl")
+
+
+class CheckpointMismatchError(ValueError):
+    """The workdir holds a checkpoint of a different model than the config asks for."""
+
+
+def model_identity(config_dict: dict) -> dict:
+    """What must match for a checkpoint to resume: the objective and the architecture."""
+    model = {k: v for k, v in config_dict["model"].items() if k not in EXECUTION_KEYS}
+    return {"objective": config_dict["objective"], "model": model}
+
+
+def differences(a, b, prefix="") -> list[str]:
+    """Dotted keys whose values differ between two nested dicts."""
+    if not (isinstance(a, dict) and isinstance(b, dict)):
+        return [] if a == b else [prefix.rstrip(".")]
+    return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{prefix}{k}.")]
+
+
+def check_same_model(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
+    """Raise CheckpointMismatchError if the workdir's checkpoints were written for another model."""
+    workdir = pathlib.Path(workdir)
+    config_file, checkpoint_dir = workdir / CONFIG_FILE, workdir / CHECKPOINT_DIR
+    has_checkpoints = checkpoint_dir.is_dir() and any(p.name.isdigit() for p in checkpoint_dir.iterdir())
+    if not has_checkpoints:
+        return
+    if not config_file.exists():
+        raise CheckpointMismatchError(f"{checkpoint_dir} holds checkpoints but {config_file} is missing, so their "
+                                      "model cannot be checked; use a new --workdir")
+    stored = model_identity(json.loads(config_file.read_text()))
+    diff = differences(stored, model_identity(config.to_dict()))
+    if diff:
+        shown = ", ".join(f"{k}: {_lookup(stored, k)!r} there" for k in diff[:5])
+        raise CheckpointMismatchError(f"{workdir} holds checkpoints of a different model ({shown}); resume with the "
+                                      "same config.model and config.objective, or use a new --workdir")
+
+
+def _lookup(tree: dict, dotted: str):
+    for key in dotted.split("."):
+        tree = tree.get(key) if isinstance(tree, dict) else None
+    return tree
+
+
+def write_config(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
+    """Write config.json atomically (process 0 only), so a reader never sees half a file."""
+    if jax.process_index() != 0:
+        return
+    path = pathlib.Path(workdir) / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(config.to_json_best_effort(indent=2, sort_keys=True))
+    tmp.replace(path)
+
+
+def checkpoint_manager(workdir: str | os.PathLike, keep: int) -> ocp.CheckpointManager:
+    """Async saves, keeping the `keep` latest steps; the trainer decides when to save."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
+                                           cleanup_tmp_directories=True)
+    return ocp.CheckpointManager(pathlib.Path(workdir).absolute() / CHECKPOINT_DIR, options=options,
+                                 item_names=("params", "train_state"))
+
+
+def split_state(state: dict) -> tuple[dict, dict]:
+    """(params, train_state): the two checkpoint items of a trainer state."""
+    return state["params"], {k: v for k, v in state.items() if k != "params"}
+
+
+def save(manager: ocp.CheckpointManager, step: int, state: dict) -> None:
+    """Start an async save of the whole state; arrays are copied before this returns, so donation is safe."""
+    params, train_state = split_state(state)
+    manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                               train_state=ocp.args.StandardSave(train_state)), force=True)
+
+
+def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict) -> dict:
+    """The state at `step`, each leaf placed as its ShapeDtypeStruct's sharding says."""
+    params, train_state = split_state(abstract_state)
+    restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(params),
+                                                             train_state=ocp.args.StandardRestore(train_state)))
+    return {"params": restored["params"], **restored["train_state"]}
+
+
+def abstract_tree(tree, shardings):
+    """ShapeDtypeStructs carrying `shardings`: the restore target for a tree of arrays or ShapeDtypeStructs."""
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)

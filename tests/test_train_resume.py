@@ -1,0 +1,91 @@
+"""Checkpoints: exact resume after a signal, restore onto other meshes, model mismatch, NaN handling."""
+import os
+import signal
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from bert_jax import checkpoints, train
+from train_helpers import global_batch_at, logged, synthetic_batches, tiny_config
+
+MESH = {"mesh.data": 2, "mesh.fsdp": 4, "mesh.tensor": 1}
+
+
+def signalled_at(stop_step: int):
+    """Synthetic batches that send this process SIGTERM while the batch of step `stop_step` is being fetched."""
+    def batches(config, start_step, process_index, process_count):
+        for step, batch in enumerate(synthetic_batches(config, start_step, process_index, process_count), start_step):
+            if step == stop_step - 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield batch
+    return batches
+
+
+def assert_trees_equal(a, b):
+    jax.tree.map(lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)), a, b)
+
+
+def test_resume_is_exact_and_restores_onto_other_meshes(tmp_path):
+    config = tiny_config("bert", **MESH)
+    straight = train.train_and_evaluate(config, str(tmp_path / "straight"), synthetic_batches)
+
+    resumed_dir = str(tmp_path / "resumed")
+    halfway = train.train_and_evaluate(config, resumed_dir, signalled_at(2))
+    assert int(halfway["step"]) == 2 and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    # What a save killed half-way leaves behind (Orbax renames a step's folder only once it is complete).
+    partial = tmp_path / "resumed" / "checkpoints" / "3.orbax-checkpoint-tmp-1"
+    partial.mkdir()
+    (partial / "_CHECKPOINT_METADATA").write_text("{trunc")
+    resumed = train.train_and_evaluate(config, resumed_dir, synthetic_batches)
+    assert int(resumed["step"]) == 4
+    assert_trees_equal(straight, resumed)  # params, optimizer state, step and rng: bit for bit
+    assert logged(tmp_path / "straight") == logged(resumed_dir)
+
+    # The same checkpoint on an (8, 1, 1) mesh: the run restores it and finds nothing left to do.
+    on_data_mesh = train.train_and_evaluate(tiny_config("bert", **{"mesh.data": 8}), resumed_dir, synthetic_batches)
+    assert_trees_equal(straight["params"], on_data_mesh["params"])
+    kernel = on_data_mesh["params"]["backbone"]["pooler"]["kernel"]
+    assert dict(kernel.sharding.mesh.shape) == {"data": 8, "fsdp": 1, "tensor": 1}
+    assert kernel.sharding.is_fully_replicated
+    assert not straight["params"]["backbone"]["pooler"]["kernel"].sharding.is_fully_replicated  # fsdp=4 split it
+
+    # A reader restores "params" alone onto one device.
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    target = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one_device), straight["params"])
+    with ocp.CheckpointManager(os.path.join(resumed_dir, "checkpoints"), item_names=("params", "train_state")) as m:
+        params = m.restore(4, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))["params"]
+    assert_trees_equal(straight["params"], params)
+    assert jax.tree.leaves(params)[0].sharding == one_device
+
+    with pytest.raises(checkpoints.CheckpointMismatchError, match="model.hidden_size: 64 there"):
+        train.train_and_evaluate(tiny_config("bert", **{"model.hidden_size": 128, **MESH}), resumed_dir,
+                                 synthetic_batches)
+
+
+def poisoned_at(bad_step: int):
+    """Batches with float weights, NaN in the batch of step `bad_step`: that step's loss is NaN."""
+    def batches(config, start_step, process_index, process_count):
+        for step in range(start_step, 1 << 30):
+            batch = global_batch_at(config, step, weights_dtype=np.float32)
+            if step == bad_step - 1:
+                batch["masked_lm_weights"][0, 0] = np.nan
+            yield batch
+    return batches
+
+
+def test_nan_loss_stops_or_skips(tmp_path):
+    config = tiny_config("bert", checkpoint_every_steps=1, **MESH)
+    with pytest.raises(train.NonFiniteLossError, match="at step 3"):
+        train.train_and_evaluate(config, str(tmp_path / "stop"), poisoned_at(3))
+    manager = checkpoints.checkpoint_manager(tmp_path / "stop", keep=3)
+    assert manager.all_steps() == [1, 2]
+    saved = manager.restore(2, args=ocp.args.Composite(params=ocp.args.StandardRestore()))["params"]
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved))
+    manager.close()
+
+    config.nan_policy = "skip"
+    state = train.train_and_evaluate(config, str(tmp_path / "skip"), poisoned_at(3))
+    assert int(state["step"]) == 4 and all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
+    assert logged(tmp_path / "skip", "skipped_updates") == {1: 0, 2: 0, 3: 1, 4: 1}
