@@ -188,6 +188,8 @@ def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
         rtd_weight=50.0,  # ELECTRA: loss = generator MLM + rtd_weight * discriminator loss
         nan_policy="stop",  # a non-finite loss: stop (naming the step) | skip (that update)
         peak_flops=0.0,  # per device, for MFU; 0 measures a matmul at start
+        # Keep compiled XLA programs here across restarts and hosts ("" turns the persistent cache off).
+        compilation_cache_dir="",
     ))
 
 

@@ -52,6 +52,12 @@ def announce(message: str, *args) -> None:
         tqdm.tqdm.write(message % args)
 
 
+def enable_compilation_cache(directory: str) -> None:
+    """Reuse compiled XLA programs across restarts and runs: a resumed or repeated job skips most of its compile."""
+    jax.config.update("jax_compilation_cache_dir", directory)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+
+
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
     """Raise (naming the key) before any compute for settings the loop or the mesh cannot take."""
     for key in ("total_steps", "log_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
@@ -206,6 +212,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
     synthetic ones.
     """
     process_index, process_count = jax.process_index(), jax.process_count()
+    if config.compilation_cache_dir:
+        enable_compilation_cache(config.compilation_cache_dir)
     announce("process %d of %d, %d local / %d global devices", process_index, process_count,
              jax.local_device_count(), jax.device_count())
 

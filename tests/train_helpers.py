@@ -12,14 +12,13 @@ import tempfile
 import jax
 import numpy as np
 
-from bert_jax import config_lib
+from bert_jax import config_lib, train
 
 SEQ_LENGTH, PREDICTIONS, VOCAB = 32, 5, 1000
 
 # Several tests run the same program again (straight vs resumed runs); XLA's compile is most of their time on CPU.
 XLA_CACHE_DIR = os.path.join(tempfile.gettempdir(), "bert_jax_test_xla_cache")
-jax.config.update("jax_compilation_cache_dir", XLA_CACHE_DIR)
-jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+train.enable_compilation_cache(XLA_CACHE_DIR)
 
 
 def tiny_config(family: str = "bert", **overrides):

@@ -1,0 +1,218 @@
+"""Time bert_jax's full train step (forward, backward, AdamW update) against HF transformers (PyTorch) on the same
+architecture, batch and optimizer, alternating the two so background load hits both alike.
+
+    python benchmarks/train_step.py --model=bert-base --batch=8 --seq=128
+
+Prints tokens/s for both, their ratio, model FLOPs per step (bert_jax/flops.py) and MFU against the float32 matmul
+peak measured in the same run (the better of JAX and PyTorch on a large matmul). The last line is JSON:
+{"tokens_per_s", "baseline_tokens_per_s", "ratio", "mfu", ...}.
+"""
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import linen as nn  # noqa: E402
+
+from bert_jax import config_lib, flops, objectives, optimizer, train  # noqa: E402
+from bert_jax.config_lib import generator_config  # noqa: E402
+from bert_jax.modeling import pretraining_model  # noqa: E402
+
+MODELS = {"bert-base": ("bert", "base"), "roberta-base": ("roberta", "base"), "albert-base": ("albert", "base"),
+          "electra-small": ("electra", "small")}
+HF_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+           "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+           "layer_norm_eps", "embedding_size", "num_hidden_groups", "pad_token_id")
+
+
+def benchmark_config(model_name: str, batch: int, seq: int, switches: list[str]):
+    family, size = MODELS[model_name]
+    config = config_lib.load_preset(family, size)
+    config.data.batch_size, config.data.seq_length = batch, seq
+    config.masking.max_predictions_per_seq = max(1, round(seq * config.masking.rate))
+    config.optimizer.update(name="adamw", learning_rate=1e-4, warmup_steps=0, weight_decay=0.01, grad_clip_norm=1.0)
+    for switch in switches:
+        key, value = switch.split("=", 1)
+        config.model[key] = type(config.model[key])(value) if not isinstance(config.model[key], bool) else \
+            value.lower() in ("1", "true")
+    return config
+
+
+def synthetic_batch(config, rng: np.random.Generator) -> dict:
+    """A pipeline-shaped batch: distinct masked positions, both segments, a sentence label."""
+    b, s, p = config.data.batch_size, config.data.seq_length, config.masking.max_predictions_per_seq
+    positions = np.sort(np.stack([rng.choice(np.arange(1, s), p, replace=False) for _ in range(b)]), axis=1)
+    input_ids = rng.integers(1000, 8000, (b, s))
+    batch = dict(input_ids=input_ids, input_mask=np.ones((b, s)), segment_ids=(np.arange(s) >= s // 2) * np.ones((b, 1)),
+                 masked_lm_positions=positions, masked_lm_ids=np.take_along_axis(input_ids, positions, 1),
+                 masked_lm_weights=np.ones((b, p)), next_sentence_labels=rng.integers(0, 2, b),
+                 sentence_order_labels=rng.integers(0, 2, b))
+    if config.model.type_vocab_size == 1:
+        batch["segment_ids"] = np.zeros((b, s))
+    return {k: v.astype(np.int32) for k, v in batch.items()}
+
+
+def jax_step(config):
+    """A jitted bert_jax train step on one device and its initial state."""
+    model = pretraining_model(config)
+    tx = optimizer.make_optimizer(config.optimizer, total_steps=10**6)
+    schedule = optimizer.learning_rate_schedule(config.optimizer, total_steps=10**6)
+    state = jax.jit(lambda rng: nn.unbox(train.initial_state(model, tx, rng)))(jax.random.key(0))
+    step = jax.jit(functools.partial(train.train_step, loss_fn=objectives.loss_fn(config, model), tx=tx,
+                                     schedule=schedule, accum_steps=1), donate_argnums=0)
+    return step, state
+
+
+def hf_model(config):
+    import torch  # the baseline only: a GPU check runs without PyTorch
+    import transformers
+
+    model = config.model
+    kwargs = {k: model[k] for k in HF_KEYS}
+    family = model.family
+    classes = {"bert": (transformers.BertConfig, transformers.BertForPreTraining),
+               "roberta": (transformers.RobertaConfig, transformers.RobertaForMaskedLM),
+               "albert": (transformers.AlbertConfig, transformers.AlbertForPreTraining)}
+    if family == "electra":
+        generator = transformers.ElectraForMaskedLM(transformers.ElectraConfig(**{
+            **kwargs, **{k: generator_config(model)[k] for k in HF_KEYS}}))
+        discriminator = transformers.ElectraForPreTraining(transformers.ElectraConfig(**kwargs))
+        discriminator.electra.embeddings = generator.electra.embeddings  # shared, as in ELECTRA
+        return torch.nn.ModuleDict({"generator": generator, "discriminator": discriminator})
+    config_cls, model_cls = classes[family]
+    return model_cls(config_cls(**kwargs))
+
+
+def torch_step(config):
+    """The same update in PyTorch: MLM over all positions with -100 labels elsewhere (HF's way), AdamW, clipping."""
+    import torch
+
+    model = hf_model(config).train()
+    params = list(model.parameters())
+    decay = [p for n, p in model.named_parameters() if not ("bias" in n or "LayerNorm" in n)]
+    no_decay = [p for n, p in model.named_parameters() if "bias" in n or "LayerNorm" in n]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-4, eps=config.optimizer.eps)
+
+    def step(batch):
+        ids = torch.from_numpy(batch["input_ids"]).long()
+        mask = torch.from_numpy(batch["input_mask"]).long()
+        types = torch.from_numpy(batch["segment_ids"]).long()
+        labels = torch.full_like(ids, -100).scatter_(1, torch.from_numpy(batch["masked_lm_positions"]).long(),
+                                                     torch.from_numpy(batch["masked_lm_ids"]).long())
+        inputs = dict(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        if config.objective == "rtd":
+            gen = model["generator"](**inputs, labels=labels)
+            noise = -torch.log(-torch.log(torch.rand_like(gen.logits)))
+            sampled = torch.where(labels >= 0, (gen.logits.detach() + noise).argmax(-1), ids)
+            disc = model["discriminator"](input_ids=sampled, attention_mask=mask, token_type_ids=types,
+                                          labels=(sampled != torch.where(labels >= 0, labels, ids)).long())
+            loss = gen.loss + config.rtd_weight * disc.loss
+        elif config.objective == "mlm":
+            loss = model(**inputs, labels=labels).loss
+        else:
+            label_key = "next_sentence_label" if config.objective == "mlm_nsp" else "sentence_order_label"
+            label_batch = "next_sentence_labels" if config.objective == "mlm_nsp" else "sentence_order_labels"
+            loss = model(**inputs, labels=labels, **{label_key: torch.from_numpy(batch[label_batch]).long()}).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss
+
+    return step
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def torch_peak_flops(n: int = 2048, reps: int = 5) -> float:
+    import torch
+
+    x = torch.randn(n, n)
+    x @ x
+    start = time.perf_counter()
+    for _ in range(reps):
+        x @ x
+    return 2 * n ** 3 * reps / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=sorted(MODELS), default="bert-base")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=3, help="steps per timing window")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating windows per framework")
+    parser.add_argument("--baseline", choices=("transformers", "none"), default="transformers",
+                        help="none: time bert_jax alone (e.g. on a GPU without a CUDA PyTorch)")
+    parser.add_argument("--peak_flops", type=float, default=0.0,
+                        help="MFU denominator per device (989e12 for H100/H200 bf16 dense); 0 measures a matmul")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="config.model switch, e.g. --set dtype=bfloat16 --set remat_policy=dots")
+    args = parser.parse_args()
+
+    config = benchmark_config(args.model, args.batch, args.seq, args.set)
+    rng = np.random.default_rng(0)
+    batches = [synthetic_batch(config, rng) for _ in range(args.steps)]
+    ours_step, state = jax_step(config)
+    with_baseline = args.baseline == "transformers"
+    theirs_step = torch_step(config) if with_baseline else None
+    peak = args.peak_flops or max(train.measured_peak_flops(), torch_peak_flops() if with_baseline else 0.0)
+
+    state, metrics = ours_step(state, batches[0])  # compile
+    jax.block_until_ready(metrics)
+    if with_baseline:
+        theirs_step(batches[0])
+    ours_times, theirs_times = [], []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        for batch in batches:
+            state, metrics = ours_step(state, batch)
+        jax.block_until_ready(metrics)
+        ours_times.append((time.perf_counter() - start) / args.steps)
+        if with_baseline:
+            start = time.perf_counter()
+            for batch in batches:
+                theirs_step(batch)
+            theirs_times.append((time.perf_counter() - start) / args.steps)
+
+    tokens = args.batch * args.seq
+    ours_seconds = float(np.median(ours_times))
+    step_flops = flops.train_step_flops(config, gathered_mlm_head=True)
+    result = {
+        "model": args.model, "batch": args.batch, "seq": args.seq, "switches": args.set,
+        "device": jax.devices()[0].device_kind, "devices": jax.device_count(),
+        "tokens_per_s": tokens / ours_seconds, "model_flops_per_step": step_flops, "peak_flops": peak,
+        "mfu": step_flops / ours_seconds / peak, "loss": float(metrics["loss"]),
+    }
+    print(f"{args.model} batch {args.batch} x seq {args.seq} {' '.join(args.set)} on {result['device']}")
+    print(f"  bert_jax      {result['tokens_per_s']:9.1f} tokens/s   MFU {100 * result['mfu']:5.1f}%   "
+          f"({step_flops / 1e9:.1f} GFLOP/step, MLM head on masked positions)")
+    if with_baseline:
+        theirs_seconds = float(np.median(theirs_times))
+        baseline_flops = flops.train_step_flops(config, gathered_mlm_head=False)
+        result.update(baseline_tokens_per_s=tokens / theirs_seconds, ratio=theirs_seconds / ours_seconds,
+                      baseline_model_flops_per_step=baseline_flops, baseline_mfu=baseline_flops / theirs_seconds / peak,
+                      torch_threads=torch_threads())
+        print(f"  transformers  {result['baseline_tokens_per_s']:9.1f} tokens/s   MFU "
+              f"{100 * result['baseline_mfu']:5.1f}%   ({baseline_flops / 1e9:.1f} GFLOP/step, MLM head on all "
+              f"positions)")
+        print(f"  ratio {result['ratio']:.2f}x")
+    print(f"  peak {peak / 1e9:.0f} GFLOP/s per device")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

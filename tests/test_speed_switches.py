@@ -1,0 +1,65 @@
+"""Speed switches of the step compute the same thing: attention kernels, buffer donation, the compilation cache.
+
+(The gathered MLM head, packing, bfloat16, scan and remat have their equivalence tests beside the models.)
+"""
+import functools
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bert_jax import config_lib, objectives, optimizer, train
+from bert_jax.modeling import pretraining_model
+from bert_jax.modeling.transformer import attention_mask_for, dot_product_attention
+
+
+@pytest.mark.parametrize("impl", ["auto", "xla"])
+def test_fused_attention_equals_the_reference(impl):
+    config = config_lib.load_preset("bert", "tiny").model
+    config.attention_impl = impl
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 12, 4, 16))
+    mask = attention_mask_for(jnp.ones((2, 12)).at[1, 7:].set(0), jnp.array([[1] * 5 + [2] * 7, [1] * 12]))
+    np.testing.assert_allclose(dot_product_attention(q, k, v, mask, config), nn.dot_product_attention(q, k, v, mask=mask),
+                               atol=1e-6)
+
+
+def test_donated_step_matches_and_frees_the_old_state():
+    config = config_lib.load_preset("bert", "tiny")
+    model = pretraining_model(config)
+    tx = optimizer.make_optimizer(config.optimizer, config.total_steps)
+    step = functools.partial(train.train_step, loss_fn=objectives.loss_fn(config, model), tx=tx,
+                             schedule=optimizer.learning_rate_schedule(config.optimizer, config.total_steps),
+                             accum_steps=1)
+    init = jax.jit(lambda rng: nn.unbox(train.initial_state(model, tx, rng)))
+    rng = np.random.default_rng(0)
+    ids = rng.integers(1000, 2000, (4, 32)).astype(np.int32)
+    batch = dict(input_ids=ids, input_mask=np.ones_like(ids), segment_ids=np.zeros_like(ids),
+                 masked_lm_positions=np.tile(np.arange(1, 6, dtype=np.int32), (4, 1)), masked_lm_ids=ids[:, 1:6],
+                 masked_lm_weights=np.ones((4, 5), np.int32), next_sentence_labels=np.zeros(4, np.int32))
+    kept, _ = jax.jit(step)(init(jax.random.key(0)), batch)
+    donated_input = init(jax.random.key(0))
+    donated, _ = jax.jit(step, donate_argnums=0)(donated_input, batch)
+    jax.tree.map(np.testing.assert_array_equal, donated, kept)
+    assert all(leaf.is_deleted() for leaf in jax.tree.leaves(donated_input["params"]))
+
+
+def test_compilation_cache_is_written_and_reused(tmp_path):
+    program = f"""
+import time, jax, jax.numpy as jnp
+from bert_jax import train
+train.enable_compilation_cache({str(tmp_path)!r})
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+f = jax.jit(lambda x: jnp.tanh(x @ x.T).sum())
+print(float(f(jnp.ones((64, 64)))))
+"""
+    run = lambda: subprocess.run([sys.executable, "-c", program], check=True, capture_output=True, text=True,
+                                 env={**os.environ, "JAX_PLATFORMS": "cpu"}).stdout
+    first = run()
+    entries = sorted(p.name for p in tmp_path.iterdir())
+    assert entries, "nothing was cached"
+    assert run() == first and sorted(p.name for p in tmp_path.iterdir()) == entries  # hit: no new entry
