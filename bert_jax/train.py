@@ -330,16 +330,22 @@ flags.DEFINE_integer("num_processes", None, "Processes in a --coordinator_addres
 flags.DEFINE_integer("process_id", None, "This process's index in a --coordinator_address run.")
 
 
-def main(argv):
-    del argv
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO; --verbosity=0 shows it all
-    if flags.FLAGS.coordinator_address or flags.FLAGS.distributed:
-        jax.distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
-                                   flags.FLAGS.process_id)
-    train_and_evaluate(flags.FLAGS.config, flags.FLAGS.workdir)
+def cli_main(train_fn):
+    """The absl main of a training command (pretraining, fine-tuning): quiet logging, multi-host initialisation,
+    then train_fn(--config, --workdir)."""
+
+    def main(argv):
+        del argv
+        if not flags.FLAGS["verbosity"].present:
+            logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO; --verbosity=0 shows it all
+        if flags.FLAGS.coordinator_address or flags.FLAGS.distributed:
+            jax.distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
+                                       flags.FLAGS.process_id)
+        train_fn(flags.FLAGS.config, flags.FLAGS.workdir)
+
+    return main
 
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(main)
+    app.run(cli_main(train_and_evaluate))

@@ -1,0 +1,1 @@
+"""Evaluation: the official SQuAD scorer, GLUE metrics, and zero-shot similarity (each usable without a model)."""

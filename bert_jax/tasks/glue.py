@@ -1,0 +1,158 @@
+"""The nine GLUE tasks: where their text and labels sit in the original TSV files (or TFDS), their label sets and
+official metrics, and the submission format of their predictions.
+
+Bad rows are skipped and counted, never fatal: a row whose column count differs from the file's header (or from the
+task's fixed count when the file has none), and a label outside the task's label set. Each file gets one message
+that names it, the counts and the first offending line.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str  # the GLUE folder name, e.g. "SST-2"
+    labels: tuple[str, ...] | None  # None: regression (STS-B)
+    metrics: tuple[str, ...]
+    columns: tuple[int, int | None, int]  # text_a, text_b, label in train/dev TSVs (-1: last column)
+    test_columns: tuple[int, int | None]  # text_a, text_b in the unlabelled test TSV
+    dev_files: tuple[str, ...] = ("dev",)
+    test_files: tuple[str, ...] = ("test",)
+    submission_names: tuple[str, ...] = ()  # file name per test file in the GLUE submission zip
+    tfds_name: str = ""
+    tfds_features: tuple[str, str | None] = ("sentence1", "sentence2")  # text_a, text_b in TFDS examples
+    tfds_dev_splits: tuple[str, ...] = ("validation",)
+    header: bool = True
+    num_columns: int = 0  # for files without a header
+
+
+# Label order follows TFDS's ClassLabel names, so a TFDS integer label indexes `labels` directly.
+TASKS = {t.name.lower().replace("-", ""): t for t in (
+    Task("CoLA", ("0", "1"), ("mcc",), (3, None, 1), (1, None), tfds_name="cola", tfds_features=("sentence", None),
+         header=False, num_columns=4),
+    Task("SST-2", ("0", "1"), ("accuracy",), (0, None, 1), (1, None), tfds_name="sst2",
+         tfds_features=("sentence", None)),
+    Task("MRPC", ("0", "1"), ("f1", "accuracy"), (3, 4, 0), (3, 4), tfds_name="mrpc"),
+    Task("STS-B", None, ("pearson", "spearman"), (7, 8, 9), (7, 8), tfds_name="stsb"),
+    Task("QQP", ("0", "1"), ("f1", "accuracy"), (3, 4, 5), (1, 2), tfds_name="qqp",
+         tfds_features=("question1", "question2")),
+    Task("MNLI", ("entailment", "neutral", "contradiction"), ("accuracy",), (8, 9, -1), (8, 9),
+         dev_files=("dev_matched", "dev_mismatched"), test_files=("test_matched", "test_mismatched"),
+         submission_names=("MNLI-m", "MNLI-mm"), tfds_name="mnli", tfds_features=("premise", "hypothesis"),
+         tfds_dev_splits=("validation_matched", "validation_mismatched")),
+    Task("QNLI", ("entailment", "not_entailment"), ("accuracy",), (1, 2, 3), (1, 2), tfds_name="qnli",
+         tfds_features=("question", "sentence")),
+    Task("RTE", ("entailment", "not_entailment"), ("accuracy",), (1, 2, 3), (1, 2), tfds_name="rte"),
+    Task("WNLI", ("0", "1"), ("accuracy",), (1, 2, 3), (1, 2), tfds_name="wnli"),
+)}
+
+
+class GlueDataError(ValueError):
+    """A GLUE file or TFDS split that cannot be read at all; the message says where to get it."""
+
+
+@dataclasses.dataclass
+class Split:
+    """The examples of one file: texts, and labels as class indices (float scores for STS-B; None for test)."""
+
+    text_a: list[str]
+    text_b: list[str] | None
+    labels: np.ndarray | None
+
+
+def get_task(name: str) -> Task:
+    key = name.lower().replace("-", "").replace("_", "")
+    if key not in TASKS:
+        raise GlueDataError(f"unknown GLUE task {name!r}; choose one of {sorted(TASKS)}")
+    return TASKS[key]
+
+
+def parse_label(task: Task, text: str):
+    """A class index, or a float score for regression; None when the label is outside the task's set."""
+    if task.labels is None:
+        try:
+            score = float(text)
+        except ValueError:
+            return None
+        return score if 0.0 <= score <= 5.0 else None
+    return task.labels.index(text) if text in task.labels else None
+
+
+def read_tsv(task: Task, path: pathlib.Path, labelled: bool = True) -> Split:
+    """One GLUE TSV; rows with the wrong column count or an unknown label are skipped and reported."""
+    if not path.exists():
+        raise GlueDataError(f"{path} not found; pass the folder holding the GLUE {task.name} TSVs as "
+                            "--config.data_dir (download_glue_data.py layout)")
+    # QUOTE_NONE semantics: GLUE text holds unbalanced quotes, so split on tabs only. MRPC starts with a BOM.
+    with open(path, encoding="utf-8-sig") as f:
+        lines = [line.rstrip("\r\n") for line in f]
+    has_header = task.header or not labelled
+    num_columns = len(lines[0].split("\t")) if has_header else task.num_columns
+    a_col, b_col, label_col = task.columns if labelled else (*task.test_columns, None)
+    text_a, text_b, labels = [], [], []
+    bad_columns, bad_labels = [], []
+    for line_number, line in enumerate(lines[has_header:], start=1 + has_header):
+        row = line.split("\t")
+        if len(row) != num_columns:
+            bad_columns.append(line_number)
+            continue
+        if labelled:
+            label = parse_label(task, row[label_col])
+            if label is None:
+                bad_labels.append(line_number)
+                continue
+            labels.append(label)
+        text_a.append(row[a_col])
+        text_b.append(row[b_col] if b_col is not None else None)
+    for bad, why in ((bad_columns, f"do not have {num_columns} tab-separated columns"),
+                     (bad_labels, f"have a label outside {task.labels or '[0, 5]'}")):
+        if bad:
+            logging.warning("%s: skipped %d of %d rows that %s (first: line %d)", path, len(bad),
+                            len(lines) - has_header, why, bad[0])
+    return Split(text_a, text_b if b_col is not None else None,
+                 np.asarray(labels, np.float32 if task.labels is None else np.int32) if labelled else None)
+
+
+def read_tfds(task: Task, split: str, data_dir: str | None = None) -> Split:
+    """One split of TFDS `glue/<task>`, if it is already prepared (nothing is downloaded)."""
+    import tensorflow_datasets as tfds
+
+    try:
+        dataset = tfds.load(f"glue/{task.tfds_name}", split=split, data_dir=data_dir, download=False)
+    except Exception as e:  # TFDS raises several types for "not prepared"; all mean the same here
+        raise GlueDataError(f"TFDS glue/{task.tfds_name} split {split!r} is not available offline ({e}); pass the "
+                            "folder of GLUE TSV files as --config.data_dir") from e
+    rows = list(tfds.as_numpy(dataset))
+    a_key, b_key = task.tfds_features
+    decode = lambda key: [r[key].decode("utf-8") for r in rows]
+    labels = np.asarray([r["label"] for r in rows], np.float32 if task.labels is None else np.int32)
+    return Split(decode(a_key), decode(b_key) if b_key else None, None if split.startswith("test") else labels)
+
+
+def load_split(task: Task, split: str, data_dir: str = "", tfds_data_dir: str | None = None) -> list[Split]:
+    """`split` in train | dev | test; dev and test are lists (MNLI has matched and mismatched)."""
+    names = {"train": ("train",), "dev": task.dev_files, "test": task.test_files}[split]
+    if data_dir:
+        return [read_tsv(task, pathlib.Path(data_dir) / f"{name}.tsv", labelled=split != "test") for name in names]
+    tfds_splits = {"train": ("train",), "dev": task.tfds_dev_splits,
+                   "test": tuple(s.replace("validation", "test") for s in task.tfds_dev_splits)}[split]
+    return [read_tfds(task, s, tfds_data_dir) for s in tfds_splits]
+
+
+def submission_names(task: Task) -> tuple[str, ...]:
+    return task.submission_names or (task.name,)
+
+
+def write_submission(task: Task, predictions: np.ndarray, path: pathlib.Path) -> None:
+    """GLUE's format: a header "index\\tprediction", then one row per example in file order (label strings, or
+    the STS-B score clipped to [0, 5])."""
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("index\tprediction\n")
+        for i, p in enumerate(predictions):
+            value = f"{float(np.clip(p, 0.0, 5.0)):.3f}" if task.labels is None else task.labels[int(p)]
+            f.write(f"{i}\t{value}\n")

