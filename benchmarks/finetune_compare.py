@@ -6,9 +6,9 @@ transformers (PyTorch) under the same hyperparameters, and compare dev scores si
 (--workdir is bert_jax.train's flag, which bert_jax.finetune shares: each task's run goes to DIR/<task>.)
 
 Both sides see the same tokens (the checkpoint's uncased WordPiece, pairs truncated longest-first to
-max_seq_length), the same batches in the same order (bert_jax.finetune.batch_rows), AdamW with weight decay 0.01 off
-biases and LayerNorm, eps 1e-6, global-norm clipping at 1.0, linear warmup over 10% of the steps then linear decay,
-dropout 0.1, and the same initial classifier-head weights. Dropout masks differ (each framework draws its own).
+max_seq_length), the same batches in the same order (bert_jax.finetune.batch_rows), each cut to the same length
+(GLUE's length_bucket), AdamW with weight decay 0.01 off biases and LayerNorm, eps 1e-6, global-norm clipping at
+1.0, linear warmup over 10% of the steps then linear decay, dropout 0.1, and the same initial classifier-head weights. Dropout masks differ (each framework draws its own).
 Prints a table, then one JSON line.
 """
 import json
@@ -61,7 +61,14 @@ def hf_optimizer(model, total_steps: int):
     return optimizer, transformers.get_linear_schedule_with_warmup(optimizer, warmup, total_steps)
 
 
-def hf(task: str, init: pathlib.Path, head: dict) -> tuple[dict, float]:
+def cut(inputs: dict, rows: np.ndarray, length_bucket: int) -> dict:
+    """Rows of the tokenized tensors, cut to the columns bert_jax's batch of the same rows has."""
+    length = finetune.padded_length(inputs["attention_mask"][rows].numpy(), length_bucket)
+    index = torch.from_numpy(rows)
+    return {k: v[index, :length] for k, v in inputs.items()}
+
+
+def hf(task: str, init: pathlib.Path, head: dict, length_bucket: int) -> tuple[dict, float]:
     """The same fine-tune in PyTorch; `head` holds bert_jax's initial classifier weights, copied in."""
     torch.manual_seed(0)
     spec = glue.get_task(task)
@@ -85,8 +92,8 @@ def hf(task: str, init: pathlib.Path, head: dict) -> tuple[dict, float]:
     start = time.perf_counter()
     model.train()
     for step in range(total_steps):
-        rows = torch.from_numpy(finetune.batch_rows(n, batch_size, 0, step))
-        outputs = model(**{k: v[rows] for k, v in train_inputs.items()}, labels=labels[rows])
+        rows = finetune.batch_rows(n, batch_size, 0, step)
+        outputs = model(**cut(train_inputs, rows, length_bucket), labels=labels[torch.from_numpy(rows)])
         outputs.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -94,8 +101,9 @@ def hf(task: str, init: pathlib.Path, head: dict) -> tuple[dict, float]:
         optimizer.zero_grad()
     model.eval()
     with torch.no_grad():
-        logits = torch.cat([model(**{k: v[i:i + 64] for k, v in dev_inputs.items()}).logits
-                            for i in range(0, len(dev.text_a), 64)]).numpy()
+        n_dev = len(dev.text_a)
+        logits = torch.cat([model(**cut(dev_inputs, np.arange(i, min(i + 64, n_dev)), length_bucket)).logits
+                            for i in range(0, n_dev, 64)]).numpy()
     predictions = logits[:, 0] if spec.labels is None else logits.argmax(-1)
     return ({f"dev_{k}": v for k, v in glue_metrics.compute(spec.metrics, predictions, dev.labels).items()},
             time.perf_counter() - start)
@@ -122,7 +130,7 @@ def main(argv):
     rows = {}
     for task in flags.FLAGS.tasks:
         ours_results, ours_seconds, config = ours(task, init, root / task)
-        hf_results, hf_seconds = hf(task, init, initial_head(init, config))
+        hf_results, hf_seconds = hf(task, init, initial_head(init, config), config.length_bucket)
         rows[task] = {"bert_jax": ours_results, "bert_jax_seconds": ours_seconds, "hf": hf_results,
                       "hf_seconds": hf_seconds}
         print(f"{task:5s} bert_jax {json.dumps(ours_results)} ({ours_seconds:.0f} s)   "

@@ -129,6 +129,9 @@ class SquadTask:
     output_keys = ("start_logits", "end_logits")
 
     def __init__(self, config, tokenizer, family: str):
+        if config.length_bucket:
+            raise FinetuneConfigError(f"config.length_bucket={config.length_bucket}: SQuAD predicts per-token "
+                                      "logits over whole windows, so its batches are not cut; set it to 0")
         for key in ("train_file", "predict_file"):
             if not config[key]:
                 raise FinetuneConfigError(f"config.{key} is empty; pass the SQuAD JSON file (e.g. dev-v1.1.json)")
@@ -197,11 +200,33 @@ def host_rows(rows: np.ndarray) -> np.ndarray:
     return rows[jax.process_index() * share:(jax.process_index() + 1) * share]
 
 
-def take(features: dict[str, np.ndarray], rows: np.ndarray) -> dict[str, np.ndarray]:
-    return {k: v[rows] for k, v in features.items()}
+def padded_length(attention_mask: np.ndarray, length_bucket: int) -> int:
+    """Columns a batch needs: its longest row rounded up to a multiple of length_bucket (0: all columns).
+
+    Padding is at the end of each row and masked, so cutting the all-padding columns changes no output while
+    short-sentence tasks (SST-2, CoLA, STS-B) stop paying for max_seq_length; the multiple bounds recompilations.
+    Computed from the global batch so that every host cuts the same columns.
+    """
+    width = attention_mask.shape[1]
+    if not length_bucket:
+        return width
+    longest = int(attention_mask.sum(axis=1).max())
+    return min(width, -(-longest // length_bucket) * length_bucket)
 
 
-def predict_all(predict_fn, params, features: dict[str, np.ndarray], batch_size: int, batch_sharding):
+def take(features: dict[str, np.ndarray], rows: np.ndarray, length: int | None = None) -> dict[str, np.ndarray]:
+    """Rows of every feature; per-token features ([N, max_seq_length]) cut to their first `length` columns."""
+    return {k: v[rows, :length] if v.ndim == 2 else v[rows] for k, v in features.items()}
+
+
+def global_rows_batch(features: dict[str, np.ndarray], rows: np.ndarray, length_bucket: int, batch_sharding):
+    """The global batch of `rows` (indices into the whole set), as sharded arrays of this host's share."""
+    length = padded_length(features["attention_mask"][rows], length_bucket)
+    return train_lib.global_batch(take(features, host_rows(rows), length), batch_sharding)
+
+
+def predict_all(predict_fn, params, features: dict[str, np.ndarray], batch_size: int, batch_sharding,
+                length_bucket: int = 0):
     """Model outputs for every row, in order: the last batch is padded with copies of row 0, then cut."""
     n = len(features["input_ids"])
     inputs = {k: features[k] for k in MODEL_INPUTS}
@@ -209,7 +234,7 @@ def predict_all(predict_fn, params, features: dict[str, np.ndarray], batch_size:
     for start in range(0, n, batch_size):
         rows = np.arange(start, start + batch_size)
         rows = np.where(rows < n, rows, 0)
-        batch = train_lib.global_batch(take(inputs, host_rows(rows)), batch_sharding)
+        batch = global_rows_batch(inputs, rows, length_bucket, batch_sharding)
         outputs.append(jax.device_get(predict_fn(params, batch)))
     return {k: np.concatenate([o[k] for o in outputs])[:n] for k in outputs[0]}
 
@@ -288,8 +313,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     pending, last_log = [], start_step
     try:
         for step in range(start_step, total_steps):
-            rows = host_rows(batch_rows(num_train, config.batch_size, config.seed, step))
-            state, metrics = step_fn(state, train_lib.global_batch(take(task.train_features, rows), batch_sharding))
+            rows = batch_rows(num_train, config.batch_size, config.seed, step)
+            state, metrics = step_fn(state, global_rows_batch(task.train_features, rows, config.length_bucket,
+                                                              batch_sharding))
             pending.append(metrics)
             done = step + 1
             progress.update(1)
@@ -305,7 +331,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         results = {}
         for eval_set in task.eval_sets:
             outputs = predict_all(predict_fn, state["params"], eval_set.features, config.eval_batch_size,
-                                  batch_sharding)
+                                  batch_sharding, config.length_bucket)
             results.update({f"{eval_set.name}_{k}": v for k, v in task.finish(eval_set, outputs, workdir).items()})
         writer.write(total_steps, results)
         train_lib.announce("results: %s", json.dumps(results))

@@ -14,6 +14,7 @@ from bert_jax.tasks.config import finetune_config
 def get_config(task="rte"):
     glue.get_task(task)  # an unknown task name fails here, listing the nine
     config = finetune_config(task=task, max_seq_length=128, batch_size=32, learning_rate=2e-5, num_epochs=3.0)
+    config.length_bucket = 32  # GLUE sentences are mostly far shorter than 128 tokens
     config.data_dir = ""  # folder of the task's GLUE TSV files (train.tsv, dev.tsv, test.tsv)
     config.tfds_data_dir = ""  # TFDS data_dir when reading glue/<task> from TFDS
     return config_lib.lock(config)

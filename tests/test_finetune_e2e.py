@@ -90,3 +90,37 @@ def test_squad_spans_train_and_decode(init_dir, tmp_path):
 def test_missing_init_and_files_are_named(tmp_path):
     with pytest.raises(finetune.FinetuneConfigError, match="config.init"):
         finetune.train_and_evaluate(config_lib.load_preset("glue", "rte"), tmp_path)
+
+
+def test_cutting_padding_to_length_buckets_changes_no_prediction(init_dir):
+    """length_bucket cuts each batch's trailing padding; the predictions must equal full-length ones."""
+    import jax
+    import numpy as np
+
+    from bert_jax import load_pretrained, modeling, sharding
+    from bert_jax.tasks import glue
+    from bert_jax.tasks.text import encode_texts
+
+    pretrained = load_pretrained(init_dir, task="backbone")
+    dev = glue.load_split(glue.get_task("stsb"), "dev", str(DATA / "glue" / "STS-B"))[0]
+    features, _ = encode_texts(pretrained.tokenizer, "bert", dev.text_a, dev.text_b, 128)
+    model = modeling.SequenceClassifier(pretrained.config, num_labels=1)
+    params = modeling.init_params(model, jax.random.key(0))
+    params["backbone"] = pretrained.backbone_params()
+    mesh = sharding.make_mesh(-1, 1, 1)
+    params = jax.device_put(params, sharding.replicated(mesh))
+    lengths = []
+    predict_fn = jax.jit(lambda p, batch: lengths.append(batch["input_ids"].shape[1]) or model.apply({"params": p},
+                                                                                                       **batch))
+    cut = finetune.predict_all(predict_fn, params, features, 16, sharding.batch_sharding(mesh), length_bucket=32)
+    assert set(lengths) < {32, 64, 96, 128}  # traced once per bucket, never at the full 128 columns
+    full = finetune.predict_all(predict_fn, params, features, 16, sharding.batch_sharding(mesh))
+    assert lengths[-1] == 128
+    np.testing.assert_allclose(cut["logits"], full["logits"], atol=1e-5)
+
+
+def test_squad_refuses_length_buckets(init_dir, tmp_path):
+    sample = str(DATA / "squad" / "dev-v1.1-sample.json")
+    config = small_config("squad:v1.1", init_dir, train_file=sample, predict_file=sample, length_bucket=32)
+    with pytest.raises(finetune.FinetuneConfigError, match="length_bucket"):
+        finetune.train_and_evaluate(config, tmp_path)

@@ -15,6 +15,8 @@ def finetune_config(task: str, max_seq_length: int, batch_size: int, learning_ra
         # Replaced by the init checkpoint's architecture at start; listed so config.json records it.
         model=config_lib.model_config("bert"),
         max_seq_length=max_seq_length,
+        # Cut each batch's trailing padding to a multiple of this many tokens (0: always max_seq_length).
+        length_bucket=0,
         batch_size=batch_size,
         eval_batch_size=64,
         num_epochs=num_epochs,
