@@ -20,6 +20,7 @@ setup(
         "safetensors>=0.5",
         "numpy>=2.0",
         "tqdm>=4.66",
+        "matplotlib>=3.11",  # the comparison's plots (bert_jax.experiments.compare)
     ],
     extras_require={
         "test": [
@@ -31,7 +32,6 @@ setup(
             "nbclient>=0.11",
             "nbformat>=5.11",
             "ipykernel>=7.4",
-            "matplotlib>=3.11",
         ],
         "gpu": ["jax[cuda12]>=0.10"],
         "tpu": ["jax[tpu]>=0.10"],

@@ -1,0 +1,1 @@
+"""Experiments built from the library: the families' equal-compute comparison (compare)."""

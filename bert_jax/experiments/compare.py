@@ -1,0 +1,407 @@
+"""The families' comparison at equal compute: pretrain BERT, RoBERTa, ALBERT and ELECTRA on one corpus with the
+same training FLOPs, fine-tune each on SST-2, MRPC, STS-B, RTE and CoLA, and write a table and plots.
+
+    python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare \\
+        [--corpus='../shared/data/corpus/*.txt'] [--glue_dir=../shared/data/glue] [--results_dir=results]
+
+Budgets are the presets of configs/compare.py. Stages, each resumable (rerun the command to continue):
+1. corpus: the raw text -> DIR/corpus/text (one sentence per line, bert_jax.input_pipeline.plain_text), tokenized
+   once per tokenizer into DIR/corpus/<tokenizer>;
+2. pretraining: DIR/pretrain/<family> with bert_jax.train; total_steps = budget FLOPs // model FLOPs of a step;
+3. fine-tuning: DIR/finetune/<family>/<step>/<task>/seed<k> with bert_jax.finetune from the pretraining checkpoint
+   at each of the budget's glue_points (fractions of the budget), for every seed; plus "no pretraining", the BERT
+   architecture fine-tuned from its random initialisation. A finished fine-tune keeps results.json and drops its
+   checkpoints (nothing reads them again);
+4. report: RESULTS_DIR/compare.md (the table, ELECTRA vs BERT, the param_table reproduction), compare.json,
+   pretraining_loss.png and glue_vs_flops.png.
+Scores follow ELECTRA's convention: Matthews correlation for CoLA, Spearman for STS-B, accuracy for the others,
+times 100; the GLUE average is their mean. With several fine-tuning seeds a score is "mean ± half the range".
+"""
+from __future__ import annotations
+
+import fractions
+import json
+import math
+import pathlib
+import shutil
+import time
+
+import jax
+import ml_collections
+import numpy as np
+from absl import app, flags, logging
+
+from bert_jax import config_lib, finetune, flops, param_table
+from bert_jax import train as train_lib  # defines --workdir and the distributed flags this command shares
+from bert_jax.input_pipeline import config as input_config
+from bert_jax.input_pipeline import documents, plain_text, prepare
+from bert_jax.tasks import glue
+
+REPO = config_lib.CONFIG_DIR.parent
+SHARED_DATA = REPO.parent / "shared" / "data"
+# ELECTRA's convention: one score per task.
+TASK_SCORE = {"cola": "dev_mcc", "sst2": "dev_accuracy", "mrpc": "dev_accuracy", "stsb": "dev_spearman",
+              "rte": "dev_accuracy", "qnli": "dev_accuracy", "wnli": "dev_accuracy"}
+BASELINE = "no pretraining"
+# How each family is trained here, for the table.
+RECIPES = {"bert": "BERT: MLM + NSP, static masks", "roberta": "RoBERTa: dynamic MLM, full sentences",
+           "albert": "ALBERT: MLM + SOP, n-gram masks, E < H, shared layers",
+           "electra": "ELECTRA: replaced-token detection", BASELINE: "BERT from its random initialisation"}
+
+flags.DEFINE_string("budget", "cpu-small", "A budget of configs/compare.py.")
+flags.DEFINE_string("corpus", f"{SHARED_DATA}/corpus/gutenberg-[!R]*.txt,{SHARED_DATA}/corpus/wikitext-*.txt",
+                    "Comma-separated globs of raw text files to pretrain on.")
+flags.DEFINE_string("glue_dir", str(SHARED_DATA / "glue"), "Folder of the GLUE task folders (SST-2, MRPC, ...).")
+flags.DEFINE_string("results_dir", "results", "Where compare.md, compare.json and the plots go.")
+flags.DEFINE_integer("seed", 0, "Pretraining seed of every family (fine-tuning seeds come from the budget).")
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Configs: one pretraining config per family, one fine-tuning config per (checkpoint, task, seed).
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def pretraining_config(family: str, budget: ml_collections.ConfigDict, prepared_dir: str,
+                       seed: int) -> ml_collections.ConfigDict:
+    """The family's tiny preset (its objective, masking, tokenizer, optimizer) in the budget's shape and FLOPs."""
+    config = ml_collections.ConfigDict(config_lib.load_preset(family, "tiny").to_dict())
+    shape = budget.model
+    factorized = family in ("albert", "electra")
+    config.model.update(hidden_size=shape.hidden_size, num_hidden_layers=shape.num_hidden_layers,
+                        num_attention_heads=shape.num_attention_heads, intermediate_size=shape.intermediate_size,
+                        embedding_size=shape.embedding_size if factorized else shape.hidden_size,
+                        num_hidden_groups=1 if family == "albert" else shape.num_hidden_layers,
+                        dtype=budget.dtype)
+    if family == "electra":
+        width = lambda n: max(1, round(n * shape.generator_fraction))
+        config.model.generator.update(hidden_size=width(shape.hidden_size),
+                                      num_attention_heads=width(shape.num_attention_heads),
+                                      intermediate_size=width(shape.intermediate_size),
+                                      num_hidden_layers=shape.num_hidden_layers)
+    config_lib.validate_model_config(config.model, needs_generator=config.objective == "rtd")
+    config.data.update(prepared_dir=prepared_dir, input_files="", seq_length=budget.seq_length,
+                       batch_size=budget.batch_size)
+    config.masking.max_predictions_per_seq = math.ceil(budget.seq_length * config.masking.rate)
+    config.seed = seed
+    grid = checkpoint_grid(budget.glue_points)
+    steps = int(budget.pretrain_flops // flops.train_step_flops(config)) // grid * grid
+    if steps < grid:
+        raise config_lib.ConfigError(f"budget {budget.budget}: {budget.pretrain_flops:.3g} FLOPs give {family} fewer "
+                                     f"than the {grid} steps its glue_points need; raise pretrain_flops")
+    config.update(total_steps=steps, log_every_steps=max(1, steps // 100), eval_every_steps=0,
+                  checkpoint_every_steps=steps // grid, keep_checkpoints=grid)
+    config.optimizer.update(learning_rate=budget.learning_rates[family], warmup_steps=max(1, steps // 10))
+    return config_lib.lock(config)
+
+
+def checkpoint_grid(points) -> int:
+    """Checkpoints every total_steps / grid steps land on every glue point (fractions of the budget): the least
+    common denominator of the fractions. total_steps is rounded down to a multiple of it."""
+    return math.lcm(*(fractions.Fraction(p).limit_denominator(1000).denominator for p in points))
+
+
+def checkpoint_steps(total_steps: int, points) -> list[int]:
+    """The pretraining steps whose checkpoints are fine-tuned (exact, as total_steps is a multiple of the grid)."""
+    return sorted({round(p * total_steps) for p in points})
+
+
+def finetune_config(task: str, init: pathlib.Path, seed: int, budget: ml_collections.ConfigDict,
+                    glue_dir: pathlib.Path) -> ml_collections.ConfigDict:
+    config = ml_collections.ConfigDict(config_lib.load_preset("glue", task).to_dict())
+    ft = budget.finetune
+    config.update(init=str(init), data_dir=str(glue_dir / glue.get_task(task).name), seed=seed, batch_size=ft.batch_size,
+                  num_epochs=ft.num_epochs, max_seq_length=ft.max_seq_length,
+                  max_train_examples=ft.max_train_examples, checkpoint_every_steps=1_000_000)
+    config.optimizer.learning_rate = ft.learning_rate
+    return config_lib.lock(config)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Stages.
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def prepare_corpus(patterns: str, workdir: pathlib.Path, families) -> dict[str, str]:
+    """Convert the raw text once, then tokenize it once per tokenizer; returns family -> prepared folder."""
+    text_dir = workdir / "corpus" / "text"
+    if not (text_dir / "done").exists():
+        plain_text.convert_files(documents.expand_patterns(patterns, "--corpus"), text_dir)
+        (text_dir / "done").touch()
+    texts = sorted(str(p) for p in text_dir.glob("*") if p.name != "done")
+    prepared = {}
+    for family in families:
+        data = config_lib.load_preset(family, "tiny").data
+        tokenizer = input_config.resolve_path(data.tokenizer_path)
+        output = workdir / "corpus" / f"{data.tokenizer_kind}-{tokenizer.name}"
+        units = prepare.work_units(texts, output, str(tokenizer), data.tokenizer_kind, data.lowercase,
+                                   docs_per_shard=1000, tfds=None)
+        prepare.prepare(units, num_workers=1)
+        prepared[family] = str(output)
+    return prepared
+
+
+def pretrain(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+    """Run (or finish) one family's pretraining; returns what the table needs about it (kept in summary.json, so
+    a rerun reports the wall time of the run that did the work)."""
+    summary_file = workdir / "summary.json"
+    if summary_file.exists():
+        return json.loads(summary_file.read_text())
+    start = time.perf_counter()
+    train_lib.train_and_evaluate(config, str(workdir))
+    losses = [(m["step"], m["loss"]) for m in read_jsonl(workdir / "metrics.jsonl") if "loss" in m]
+    step_flops = flops.train_step_flops(config)
+    summary = dict(total_steps=config.total_steps, flops_per_step=step_flops,
+                   pretrain_flops=step_flops * config.total_steps,
+                   tokens_seen=config.total_steps * config.data.batch_size * config.data.seq_length,
+                   seconds=time.perf_counter() - start, loss_curve=[(step * step_flops, loss) for step, loss in losses],
+                   final_loss=losses[-1][1])
+    if jax.process_index() == 0:
+        summary_file.write_text(json.dumps(summary))
+    return summary
+
+
+def run_finetune(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> tuple[dict[str, float], float]:
+    """One fine-tune's dev scores and wall seconds; a finished run is read back instead of redone."""
+    results_file, seconds_file = workdir / "results.json", workdir / "seconds.json"
+    if not results_file.exists():
+        start = time.perf_counter()
+        finetune.train_and_evaluate(config, str(workdir))
+        if jax.process_index() == 0:
+            seconds_file.write_text(json.dumps(time.perf_counter() - start))
+            shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
+    return json.loads(results_file.read_text()), json.loads(seconds_file.read_text())
+
+
+def random_init_checkpoint(config: ml_collections.ConfigDict, pretrained_step: pathlib.Path,
+                           path: pathlib.Path) -> pathlib.Path:
+    """The BERT backbone at its random initialisation (seeded like pretraining), with the run's tokenizer."""
+    from bert_jax import modeling
+    from bert_jax.pretrained import load_pretrained, save_pretrained
+
+    if not path.exists():
+        pretrained = load_pretrained(pretrained_step, task="backbone")
+        params = modeling.init_params(modeling.EncoderModel(pretrained.config), jax.random.key(config.seed))
+        pretrained.params = jax.device_get(params)
+        save_pretrained(pretrained, path, format="bert_jax")
+    return path
+
+
+def read_jsonl(path: pathlib.Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# Scores, table and plots.
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def task_score(task: str, results: dict[str, float]) -> float:
+    return 100 * results[TASK_SCORE[task]]
+
+
+def summarize_point(runs: dict[str, list[dict]]) -> dict:
+    """Per task and for the GLUE average: mean and half-range over seeds (the average is taken per seed)."""
+    per_seed = {task: [task_score(task, r) for r in results] for task, results in runs.items()}
+    seeds = len(next(iter(per_seed.values())))
+    average = [float(np.mean([scores[i] for scores in per_seed.values()])) for i in range(seeds)]
+    spread = lambda xs: (float(np.mean(xs)), (max(xs) - min(xs)) / 2)
+    return {"tasks": {task: spread(scores) for task, scores in per_seed.items()}, "glue_average": spread(average),
+            "per_seed_average": average}
+
+
+def fmt(mean_spread, seeds: int) -> str:
+    mean, half_range = mean_spread
+    return f"{mean:.1f} ± {half_range:.1f}" if seeds > 1 else f"{mean:.1f}"
+
+
+def markdown(report: dict) -> str:
+    """compare.md: the setup, the table at the full budget, every scored point, ELECTRA vs BERT, Table 2.1."""
+    budget, tasks, seeds = report["budget"], report["budget"]["finetune"]["tasks"], report["finetune_seeds"]
+    n = len(seeds)
+    head = ["model", "objective", "params", "pretrain FLOPs", "steps", "tokens seen", *[glue.get_task(t).name for t in tasks], "GLUE avg"]
+    lines = [f"# Equal-compute comparison of the four families: budget `{budget['budget']}`", "",
+             f"Produced by `{report['command']}` on {report['date']} ({report['machine']}): "
+             f"{report['pretrain_seconds'] / 60:.0f} minutes of pretraining and {report['finetune_seconds'] / 60:.0f} "
+             "of fine-tuning.", "",
+             f"- Pretraining: {budget['pretrain_flops']:.3g} training FLOPs per family (bert_jax/flops.py model "
+             f"FLOPs: 3x the forward matmuls), sequences of {budget['seq_length']}, batches of "
+             f"{budget['batch_size']}, seed {report['pretrain_seed']}; corpus: {report['corpus_summary']}.",
+             f"- Shape: H={budget['model']['hidden_size']}, {budget['model']['num_hidden_layers']} layers, "
+             f"{budget['model']['num_attention_heads']} heads, FFN {budget['model']['intermediate_size']}; ALBERT and "
+             f"ELECTRA E={budget['model']['embedding_size']}; ELECTRA's generator at "
+             f"{budget['model']['generator_fraction']:g} of the width.",
+             f"- Fine-tuning: lr {budget['finetune']['learning_rate']:g}, batch {budget['finetune']['batch_size']}, "
+             f"{budget['finetune']['num_epochs']:g} epochs, max_seq_length {budget['finetune']['max_seq_length']}, "
+             f"at most {budget['finetune']['max_train_examples'] or 'all'} training examples per task, seeds "
+             f"{list(seeds)} at the full budget and {seeds[0]} at earlier points; dev scores (CoLA MCC, STS-B "
+             "Spearman, accuracy elsewhere) x 100" + (", mean ± half the range over seeds." if n > 1 else "."), "",
+             "## At the full budget", "", "| " + " | ".join(head) + " |",
+             "|---|---|" + "---:|" * (len(head) - 2)]
+    for name, row in report["rows"].items():
+        final = row["points"][-1]
+        pre = row.get("pretraining")
+        cells = [name, RECIPES[name], f"{row['params'] / 1e6:.2f}M",
+                 f"{pre['pretrain_flops']:.3g}" if pre else "0", str(pre["total_steps"]) if pre else "0",
+                 f"{pre['tokens_seen'] / 1e6:.2f}M" if pre else "0",
+                 *[fmt(final["scores"]["tasks"][t], len(final["seeds"])) for t in tasks],
+                 fmt(final["scores"]["glue_average"], len(final["seeds"]))]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## GLUE average at each scored point", "", "| model | step | pretrain FLOPs | seeds | GLUE avg |",
+              "|---|---:|---:|---:|---:|"]
+    for name, row in report["rows"].items():
+        for point in row["points"]:
+            lines.append(f"| {name} | {point['step']} | {point['flops']:.3g} | {len(point['seeds'])} | "
+                         f"{fmt(point['scores']['glue_average'], len(point['seeds']))} |")
+    lines += ["", "## Pretraining", "", "| model | final training loss | wall time |", "|---|---:|---:|"]
+    for name, row in report["rows"].items():
+        if row.get("pretraining"):
+            lines.append(f"| {name} | {row['pretraining']['final_loss']:.3f} | "
+                         f"{row['pretraining']['seconds'] / 60:.1f} min |")
+    lines += ["", "Losses are not comparable across families: the objectives differ (ELECTRA's is the generator's "
+              "MLM loss plus 50x the discriminator's) and so do the tokenizers (BERT and ELECTRA: the 30k "
+              "bert-base-uncased WordPiece; RoBERTa and ALBERT: 8k byte-BPE and sentencepiece vocabularies trained on "
+              "the bundled sample corpus).", "", "![pretraining loss](pretraining_loss.png)",
+              "![GLUE average against FLOPs](glue_vs_flops.png)", "", "## ELECTRA against BERT at equal compute", "",
+              electra_vs_bert(report), "", "## Table 2.1: parameter counts of every preset", "",
+              param_table.markdown(param_table.rows()), ""]
+    return "\n".join(lines)
+
+
+def electra_vs_bert(report: dict) -> str:
+    """The plain statement the issue asks for: is ELECTRA above BERT at the full budget, and by more than noise?"""
+    electra, bert = (report["rows"][f]["points"][-1]["scores"] for f in ("electra", "bert"))
+    (e_mean, e_spread), (b_mean, b_spread) = electra["glue_average"], bert["glue_average"]
+    above = e_mean > b_mean
+    verdict = ("Reproduced: " if above else "Not reproduced: ") + (
+        f"ELECTRA's GLUE average {e_mean:.2f} is {'above' if above else 'not above'} BERT's {b_mean:.2f} at the "
+        "same pretraining FLOPs")
+    if len(report["finetune_seeds"]) < 2:
+        verdict += " (one fine-tuning seed: no spread to tell the gap from noise)"
+    elif e_mean - e_spread > b_mean + b_spread or b_mean - b_spread > e_mean + e_spread:
+        verdict += "; the seed ranges do not overlap"
+    else:
+        verdict += "; the seed ranges overlap, so at this scale the gap is within fine-tuning noise"
+    return verdict + "."
+
+
+def plot(report: dict, results_dir: pathlib.Path) -> None:
+    """pretraining_loss.png (one panel per family) and glue_vs_flops.png (one line per model)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    pretrained = {name: row for name, row in report["rows"].items() if row.get("pretraining")}
+    fig, axes = plt.subplots(1, len(pretrained), figsize=(4 * len(pretrained), 3.2), squeeze=False)
+    for ax, (name, row) in zip(axes[0], pretrained.items()):
+        x, y = zip(*row["pretraining"]["loss_curve"])
+        ax.plot(x, y)
+        ax.set(title=name, xlabel="training FLOPs", ylabel="training loss")
+    fig.tight_layout()
+    fig.savefig(results_dir / "pretraining_loss.png", dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, row in report["rows"].items():
+        x = [p["flops"] for p in row["points"]]
+        means, spreads = zip(*[p["scores"]["glue_average"] for p in row["points"]])
+        ax.errorbar(x, means, yerr=spreads, marker="o", capsize=3, label=name)
+    ax.set(xlabel="pretraining FLOPs", ylabel="GLUE dev average", title=f"budget {report['budget']['budget']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(results_dir / "glue_vs_flops.png", dpi=100)
+    plt.close(fig)
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# The experiment, top to bottom.
+# ------------------------------------------------------------------------------------------------------------------
+
+
+def run(budget_name: str, workdir: pathlib.Path, corpus: str, glue_dir: pathlib.Path, results_dir: pathlib.Path,
+        seed: int = 0) -> dict:
+    """Every stage; returns the report that compare.json holds."""
+    start = time.perf_counter()
+    budget = config_lib.load_preset("compare", budget_name)
+    families = config_lib.FAMILIES
+    missing = [glue.get_task(t).name for t in budget.finetune.tasks if not (glue_dir / glue.get_task(t).name).is_dir()]
+    if missing:
+        raise FileNotFoundError(f"--glue_dir={glue_dir} lacks the task folders {missing}")
+    train_lib.enable_compilation_cache(str(workdir / "xla_cache"))  # fine-tunes of one shape compile once
+    prepared = prepare_corpus(corpus, workdir, families)
+    configs = {f: pretraining_config(f, budget, prepared[f], seed) for f in families}
+    rows = {}
+    for family, config in configs.items():
+        train_lib.announce("== pretraining %s: %d steps of %.3g FLOPs", family, config.total_steps,
+                           flops.train_step_flops(config))
+        rows[family] = {"pretraining": pretrain(config, workdir / "pretrain" / family),
+                        "params": param_table.backbone_params(config.model)}
+    inits = {family: [(step, step * rows[family]["pretraining"]["flops_per_step"],
+                       workdir / "pretrain" / family / "checkpoints" / str(step))
+                      for step in checkpoint_steps(config.total_steps, budget.glue_points)]
+             for family, config in configs.items()}
+    first_bert_step = inits["bert"][0][2]
+    rows[BASELINE] = {"params": rows["bert"]["params"]}
+    inits[BASELINE] = [(0, 0.0, random_init_checkpoint(configs["bert"], first_bert_step,
+                                                       workdir / "random_init" / "bert"))]
+    finetune_seconds = 0.0
+    for name, points in inits.items():
+        rows[name]["points"] = []
+        for step, point_flops, init in points:
+            # Every seed at the full budget; the first seed alone at the earlier points of the curve.
+            seeds = budget.finetune.seeds if step == points[-1][0] else budget.finetune.seeds[:1]
+            runs = {}
+            for task in budget.finetune.tasks:
+                runs[task] = []
+                for seed in seeds:
+                    train_lib.announce("== fine-tuning %s (step %d) on %s, seed %d", name, step, task, seed)
+                    run_dir = workdir / "finetune" / name.replace(" ", "_") / str(step) / task / f"seed{seed}"
+                    results, seconds = run_finetune(finetune_config(task, init, seed, budget, glue_dir), run_dir)
+                    runs[task].append(results)
+                    finetune_seconds += seconds
+            rows[name]["points"].append({"step": step, "flops": point_flops, "seeds": list(seeds), "runs": runs,
+                                         "scores": summarize_point(runs)})
+    report = {"budget": budget.to_dict(), "pretrain_seed": seed, "finetune_seeds": list(budget.finetune.seeds),
+              "corpus": corpus, "corpus_summary": corpus_summary(prepared), "rows": rows,
+              "seconds": time.perf_counter() - start, "finetune_seconds": finetune_seconds,
+              "pretrain_seconds": sum(rows[f]["pretraining"]["seconds"] for f in families), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+              "command": f"python -m bert_jax.experiments.compare --budget={budget_name} --workdir=DIR"}
+    if jax.process_index() == 0:
+        results_dir.mkdir(parents=True, exist_ok=True)
+        (results_dir / "compare.json").write_text(json.dumps(report, indent=1))
+        (results_dir / "compare.md").write_text(markdown(report))
+        plot(report, results_dir)
+    return report
+
+
+def corpus_summary(prepared: dict[str, str]) -> str:
+    """Documents and tokens of the corpus under each tokenizer, from prepare's markers."""
+    parts = []
+    for path in sorted(set(prepared.values())):
+        counts = [json.loads(p.read_text()) for p in pathlib.Path(path).glob("*.done.json")]
+        parts.append(f"{sum(c['documents'] for c in counts):,} documents, {sum(c['tokens'] for c in counts):,} "
+                     f"tokens as {pathlib.Path(path).name}")
+    return "; ".join(parts)
+
+
+def machine() -> str:
+    import os
+    import platform
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, JAX on {jax.devices()[0].platform}"
+
+
+def main(argv):
+    del argv
+    f = flags.FLAGS
+    if not f["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    if f.coordinator_address or f.distributed:
+        jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
+    report = run(f.budget, pathlib.Path(f.workdir), f.corpus, pathlib.Path(f.glue_dir), pathlib.Path(f.results_dir),
+                 f.seed)
+    summary = {name: row["points"][-1]["scores"]["glue_average"][0] for name, row in report["rows"].items()}
+    print(electra_vs_bert(report))
+    print(json.dumps({"budget": f.budget, "glue_average": summary, "minutes": report["seconds"] / 60}))
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,82 @@
+"""The equal-compute comparison (bert_jax.experiments.compare): budgets, equal FLOPs, and the whole experiment on
+the `test` budget (bundled corpus, GLUE samples), rerun in part to check that the same seed gives the same table."""
+import json
+import pathlib
+import shutil
+
+import pytest
+
+from bert_jax import config_lib, flops
+from bert_jax.experiments import compare
+
+DATA = pathlib.Path(__file__).parent / "data"
+
+EXPECTED = {  # family: (objective, masking mode, example kind, layer groups of 4 layers, embedding width)
+    "bert": ("mlm_nsp", "static", "nsp_pairs", 4, 128),
+    "roberta": ("mlm", "dynamic", "full_sentences", 4, 128),
+    "albert": ("mlm_sop", "dynamic", "sop_pairs", 1, 64),
+    "electra": ("rtd", "dynamic", "doc_sentences", 4, 64),
+}
+
+
+@pytest.mark.parametrize("points,grid", [((0.5, 1.0), 2), ((0.25, 0.5, 1.0), 4), ((1 / 3, 1.0), 3), ((1.0,), 1)])
+def test_checkpoint_grid_lands_on_every_point(points, grid):
+    assert compare.checkpoint_grid(points) == grid
+    assert compare.checkpoint_steps(12 * grid, points) == [round(p * 12 * grid) for p in points]
+
+
+def test_every_family_gets_the_same_flops_in_its_own_recipe():
+    budget = config_lib.load_preset("compare", "cpu-small")
+    for family, (objective, masking, kind, groups, embedding) in EXPECTED.items():
+        config = compare.pretraining_config(family, budget, "prepared", seed=0)
+        assert (config.objective, config.masking.mode, config.data.example_kind) == (objective, masking, kind)
+        assert (config.model.num_hidden_groups, config.model.embedding_size) == (groups, embedding)
+        assert config.model.hidden_size == 128 and config.model.num_hidden_layers == 4
+        step = flops.train_step_flops(config)
+        # Steps are rounded down to the checkpoint grid (2 for points 1/2 and 1): within two steps of the budget.
+        assert budget.pretrain_flops - 2 * step < config.total_steps * step <= budget.pretrain_flops
+        assert config.total_steps % config.checkpoint_every_steps == 0 and config.keep_checkpoints == 2
+    electra = compare.pretraining_config("electra", budget, "prepared", seed=0).model.generator
+    assert (electra.hidden_size, electra.intermediate_size, electra.num_hidden_layers) == (32, 128, 4)
+
+
+def test_unknown_budget_and_missing_glue_are_named(tmp_path):
+    with pytest.raises(config_lib.ConfigError, match="cpu-small"):
+        config_lib.load_preset("compare", "cpu-huge")
+    with pytest.raises(FileNotFoundError, match="RTE"):
+        compare.run("test", tmp_path / "work", "data/corpus/*.txt", tmp_path / "no-glue", tmp_path / "results")
+
+
+def test_whole_experiment_writes_the_table_and_plots_and_repeats_exactly(tmp_path):
+    work, results = tmp_path / "work", tmp_path / "results"
+    run = lambda: compare.run("test", work, "data/corpus/*.txt", DATA / "glue", results, seed=0)
+    report = run()
+    budget = report["budget"]
+    assert set(report["rows"]) == {*config_lib.FAMILIES, compare.BASELINE}
+    for family in config_lib.FAMILIES:
+        pre = report["rows"][family]["pretraining"]
+        assert budget["pretrain_flops"] - 2 * pre["flops_per_step"] < pre["pretrain_flops"] <= budget["pretrain_flops"]
+        assert pre["tokens_seen"] == pre["total_steps"] * budget["batch_size"] * budget["seq_length"]
+        points = report["rows"][family]["points"]
+        assert [p["step"] for p in points] == [pre["total_steps"] // 2, pre["total_steps"]]
+        for point in points:
+            assert set(point["runs"]) == {"stsb", "rte"}
+            for task, runs in point["runs"].items():
+                assert len(runs) == 1 and -100 <= compare.task_score(task, runs[0]) <= 100
+    assert report["rows"][compare.BASELINE]["points"][0]["flops"] == 0
+    table = (results / "compare.md").read_text()
+    for name in [*compare.RECIPES.values(), "Table 2.1", "albert | xxlarge", "ELECTRA against BERT"]:
+        assert name in table
+    assert ("Reproduced: " in table) != ("Not reproduced: " in table)
+    for png in ("pretraining_loss.png", "glue_vs_flops.png"):
+        assert (results / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    as_json = lambda tree: json.loads(json.dumps(tree))
+    assert json.loads((results / "compare.json").read_text())["rows"] == as_json(report["rows"])
+
+    # The same seed gives the same numbers: redo BERT's pretraining and fine-tunes from nothing.
+    shutil.rmtree(work / "pretrain" / "bert")
+    shutil.rmtree(work / "finetune" / "bert")
+    again = run()
+    for key in ("loss_curve", "total_steps", "pretrain_flops"):
+        assert as_json(again["rows"]["bert"]["pretraining"][key]) == as_json(report["rows"]["bert"]["pretraining"][key])
+    assert [p["runs"] for p in again["rows"]["bert"]["points"]] == [p["runs"] for p in report["rows"]["bert"]["points"]]
