@@ -8,7 +8,8 @@ transformers (PyTorch) under the same hyperparameters, and compare dev scores si
 Both sides see the same tokens (the checkpoint's uncased WordPiece, pairs truncated longest-first to
 max_seq_length), the same batches in the same order (bert_jax.finetune.batch_rows), each cut to the same length
 (GLUE's length_bucket), AdamW with weight decay 0.01 off biases and LayerNorm, eps 1e-6, global-norm clipping at
-1.0, linear warmup over 10% of the steps then linear decay, dropout 0.1, and the same initial classifier-head weights. Dropout masks differ (each framework draws its own).
+1.0, linear warmup over 10% of the steps then linear decay, dropout 0.1, and the same initial classifier-head
+weights. Dropout masks differ (each framework draws its own).
 Prints a table, then one JSON line.
 """
 import json

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import pathlib
-import platform
 import subprocess
 import sys
+
+from bert_jax.metrics_writer import machine_description
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
@@ -22,14 +22,6 @@ BENCHMARKS = {
     "train_step electra-small": ["train_step.py", "--model=electra-small", "--batch=8", "--seq=128"],
     "embed": ["embed.py"],
 }
-
-
-def machine() -> str:
-    cpuinfo = pathlib.Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
-    return (f"{names[0] if names else platform.processor()}, {os.cpu_count()} CPUs, {platform.system()} "
-            f"{platform.machine()}, Python {platform.python_version()}")
 
 
 def run(script_and_args: list[str]) -> dict:
@@ -47,7 +39,7 @@ def previous_gpu_section() -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# Benchmark results\n\n{datetime.date.today().isoformat()} on {machine()}, by `make bench`.\n",
+    lines = [f"# Benchmark results\n\n{datetime.date.today().isoformat()} on {machine_description()}, by `make bench`.\n",
              "| benchmark | figures |", "|---|---|"]
     for name, figures in results.items():
         shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items())

@@ -8,10 +8,20 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import platform
 
 import jax
 
 METRICS_FILE = "metrics.jsonl"
+
+
+def machine_description() -> str:
+    """CPU model, core count, OS and Python: where a reported figure was measured."""
+    cpuinfo = pathlib.Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    return (f"{names[0] if names else platform.processor()}, {os.cpu_count()} CPUs, {platform.system()} "
+            f"{platform.machine()}, Python {platform.python_version()}")
 
 
 class MetricsWriter:

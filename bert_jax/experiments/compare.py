@@ -35,6 +35,7 @@ from bert_jax import config_lib, finetune, flops, param_table
 from bert_jax import train as train_lib  # defines --workdir and the distributed flags this command shares
 from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import documents, plain_text, prepare
+from bert_jax.metrics_writer import machine_description
 from bert_jax.tasks import glue
 
 REPO = config_lib.CONFIG_DIR.parent
@@ -109,7 +110,8 @@ def finetune_config(task: str, init: pathlib.Path, seed: int, budget: ml_collect
                     glue_dir: pathlib.Path) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(config_lib.load_preset("glue", task).to_dict())
     ft = budget.finetune
-    config.update(init=str(init), data_dir=str(glue_dir / glue.get_task(task).name), seed=seed, batch_size=ft.batch_size,
+    config.update(init=str(init), data_dir=str(glue_dir / glue.get_task(task).name), seed=seed,
+                  batch_size=ft.batch_size,
                   num_epochs=ft.num_epochs, max_seq_length=ft.max_seq_length,
                   max_train_examples=ft.max_train_examples, checkpoint_every_steps=1_000_000)
     config.optimizer.learning_rate = ft.learning_rate
@@ -218,7 +220,8 @@ def markdown(report: dict) -> str:
     """compare.md: the setup, the table at the full budget, every scored point, ELECTRA vs BERT, Table 2.1."""
     budget, tasks, seeds = report["budget"], report["budget"]["finetune"]["tasks"], report["finetune_seeds"]
     n = len(seeds)
-    head = ["model", "objective", "params", "pretrain FLOPs", "steps", "tokens seen", *[glue.get_task(t).name for t in tasks], "GLUE avg"]
+    head = ["model", "objective", "params", "pretrain FLOPs", "steps", "tokens seen",
+            *[glue.get_task(t).name for t in tasks], "GLUE avg"]
     lines = [f"# Equal-compute comparison of the four families: budget `{budget['budget']}`", "",
              f"Produced by `{report['command']}` on {report['date']} ({report['machine']}): "
              f"{report['pretrain_seconds'] / 60:.0f} minutes of pretraining and {report['finetune_seconds'] / 60:.0f} "
@@ -363,7 +366,9 @@ def run(budget_name: str, workdir: pathlib.Path, corpus: str, glue_dir: pathlib.
     report = {"budget": budget.to_dict(), "pretrain_seed": seed, "finetune_seeds": list(budget.finetune.seeds),
               "corpus": corpus, "corpus_summary": corpus_summary(prepared), "rows": rows,
               "seconds": time.perf_counter() - start, "finetune_seconds": finetune_seconds,
-              "pretrain_seconds": sum(rows[f]["pretraining"]["seconds"] for f in families), "date": time.strftime("%Y-%m-%d"), "machine": machine(),
+              "pretrain_seconds": sum(rows[f]["pretraining"]["seconds"] for f in families),
+              "date": time.strftime("%Y-%m-%d"),
+              "machine": f"{machine_description()}, JAX on {jax.devices()[0].platform}",
               "command": f"python -m bert_jax.experiments.compare --budget={budget_name} --workdir=DIR"}
     if jax.process_index() == 0:
         results_dir.mkdir(parents=True, exist_ok=True)
@@ -381,12 +386,6 @@ def corpus_summary(prepared: dict[str, str]) -> str:
         parts.append(f"{sum(c['documents'] for c in counts):,} documents, {sum(c['tokens'] for c in counts):,} "
                      f"tokens as {pathlib.Path(path).name}")
     return "; ".join(parts)
-
-
-def machine() -> str:
-    import os
-    import platform
-    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, JAX on {jax.devices()[0].platform}"
 
 
 def main(argv):
