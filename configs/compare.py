@@ -3,8 +3,8 @@
     python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare            # ~1 h, 2-core CPU
     python -m bert_jax.experiments.compare --budget=gpu-small --workdir=runs/compare-gpu \\
         --corpus='/data/wiki/*.txt' --glue_dir=/data/glue                                      # one GPU
-    python -m bert_jax.experiments.compare --budget=tpu-base --workdir=gs://.../compare \\
-        --corpus=... --glue_dir=... --distributed                                              # TPU v4-32
+    python -m bert_jax.experiments.compare --budget=tpu-base --workdir=/mnt/shared/compare \\
+        --corpus=... --glue_dir=... --distributed            # every host of a TPU slice; DIR on a shared disk
 
 Every family gets `pretrain_flops` training FLOPs (bert_jax/flops.py: model FLOPs of a step times the steps), so
 a family whose step costs more takes fewer steps. All four share the encoder shape in `model`; ALBERT and ELECTRA

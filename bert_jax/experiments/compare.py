@@ -30,6 +30,7 @@ import jax
 import ml_collections
 import numpy as np
 from absl import app, flags, logging
+from jax.experimental import multihost_utils
 
 from bert_jax import config_lib, finetune, flops, param_table
 from bert_jax import train as train_lib  # defines --workdir and the distributed flags this command shares
@@ -123,23 +124,39 @@ def finetune_config(task: str, init: pathlib.Path, seed: int, budget: ml_collect
 # ------------------------------------------------------------------------------------------------------------------
 
 
+def on_process_zero(name: str, write_files) -> None:
+    """Files every host reads but one must write (a shared workdir): process 0 writes, the others wait for it."""
+    if jax.process_index() == 0:
+        write_files()
+    if jax.process_count() > 1:
+        multihost_utils.sync_global_devices(name)
+
+
 def prepare_corpus(patterns: str, workdir: pathlib.Path, families) -> dict[str, str]:
     """Convert the raw text once, then tokenize it once per tokenizer; returns family -> prepared folder."""
     text_dir = workdir / "corpus" / "text"
-    if not (text_dir / "done").exists():
-        plain_text.convert_files(documents.expand_patterns(patterns, "--corpus"), text_dir)
-        (text_dir / "done").touch()
-    texts = sorted(str(p) for p in text_dir.glob("*") if p.name != "done")
-    prepared = {}
+    tokenizers = {}
     for family in families:
         data = config_lib.load_preset(family, "tiny").data
-        tokenizer = input_config.resolve_path(data.tokenizer_path)
-        output = workdir / "corpus" / f"{data.tokenizer_kind}-{tokenizer.name}"
-        units = prepare.work_units(texts, output, str(tokenizer), data.tokenizer_kind, data.lowercase,
-                                   docs_per_shard=1000, tfds=None)
-        prepare.prepare(units, num_workers=1)
-        prepared[family] = str(output)
-    return prepared
+        path = input_config.resolve_path(data.tokenizer_path)
+        tokenizers[family] = (data.tokenizer_kind, path, data.lowercase)
+
+    def write_files():
+        if not (text_dir / "done").exists():
+            plain_text.convert_files(documents.expand_patterns(patterns, "--corpus"), text_dir)
+            (text_dir / "done").touch()
+        texts = sorted(str(p) for p in text_dir.glob("*") if p.name != "done")
+        for kind, path, lowercase in set(tokenizers.values()):
+            units = prepare.work_units(texts, prepared_dir(workdir, kind, path), str(path), kind, lowercase,
+                                       docs_per_shard=1000, tfds=None)
+            prepare.prepare(units, num_workers=1)
+
+    on_process_zero("bert_jax compare: corpus", write_files)
+    return {family: str(prepared_dir(workdir, kind, path)) for family, (kind, path, _) in tokenizers.items()}
+
+
+def prepared_dir(workdir: pathlib.Path, kind: str, tokenizer: pathlib.Path) -> pathlib.Path:
+    return workdir / "corpus" / f"{kind}-{tokenizer.name}"
 
 
 def pretrain(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
@@ -180,11 +197,14 @@ def random_init_checkpoint(config: ml_collections.ConfigDict, pretrained_step: p
     from bert_jax import modeling
     from bert_jax.pretrained import load_pretrained, save_pretrained
 
-    if not path.exists():
-        pretrained = load_pretrained(pretrained_step, task="backbone")
-        params = modeling.init_params(modeling.EncoderModel(pretrained.config), jax.random.key(config.seed))
-        pretrained.params = jax.device_get(params)
-        save_pretrained(pretrained, path, format="bert_jax")
+    def write_files():
+        if not path.exists():
+            pretrained = load_pretrained(pretrained_step, task="backbone")
+            params = modeling.init_params(modeling.EncoderModel(pretrained.config), jax.random.key(config.seed))
+            pretrained.params = jax.device_get(params)
+            save_pretrained(pretrained, path, format="bert_jax")
+
+    on_process_zero("bert_jax compare: random init", write_files)
     return path
 
 
