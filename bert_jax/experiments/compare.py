@@ -301,7 +301,7 @@ def electra_vs_bert(report: dict) -> str:
     if len(report["finetune_seeds"]) < 2:
         verdict += " (one fine-tuning seed: no spread to tell the gap from noise)"
     elif e_mean - e_spread > b_mean + b_spread or b_mean - b_spread > e_mean + e_spread:
-        verdict += "; the seed ranges do not overlap"
+        verdict += "; the fine-tuning seed ranges do not overlap"
     else:
         verdict += "; the seed ranges overlap, so at this scale the gap is within fine-tuning noise"
     return verdict + "."
@@ -375,10 +375,10 @@ def run(budget_name: str, workdir: pathlib.Path, corpus: str, glue_dir: pathlib.
             runs = {}
             for task in budget.finetune.tasks:
                 runs[task] = []
-                for seed in seeds:
-                    train_lib.announce("== fine-tuning %s (step %d) on %s, seed %d", name, step, task, seed)
-                    run_dir = workdir / "finetune" / name.replace(" ", "_") / str(step) / task / f"seed{seed}"
-                    results, seconds = run_finetune(finetune_config(task, init, seed, budget, glue_dir), run_dir)
+                for ft_seed in seeds:
+                    train_lib.announce("== fine-tuning %s (step %d) on %s, seed %d", name, step, task, ft_seed)
+                    run_dir = workdir / "finetune" / name.replace(" ", "_") / str(step) / task / f"seed{ft_seed}"
+                    results, seconds = run_finetune(finetune_config(task, init, ft_seed, budget, glue_dir), run_dir)
                     runs[task].append(results)
                     finetune_seconds += seconds
             rows[name]["points"].append({"step": step, "flops": point_flops, "seeds": list(seeds), "runs": runs,
