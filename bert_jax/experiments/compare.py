@@ -39,8 +39,7 @@ from bert_jax.input_pipeline import documents, plain_text, prepare
 from bert_jax.metrics_writer import machine_description
 from bert_jax.tasks import glue
 
-REPO = config_lib.CONFIG_DIR.parent
-SHARED_DATA = REPO.parent / "shared" / "data"
+SHARED_DATA = "../shared/data"  # relative to the working directory, else to the repository root (resolve_path)
 # ELECTRA's convention: one score per task.
 TASK_SCORE = {"cola": "dev_mcc", "sst2": "dev_accuracy", "mrpc": "dev_accuracy", "stsb": "dev_spearman",
               "rte": "dev_accuracy", "qnli": "dev_accuracy", "wnli": "dev_accuracy"}
@@ -53,7 +52,7 @@ RECIPES = {"bert": "BERT: MLM + NSP, static masks", "roberta": "RoBERTa: dynamic
 flags.DEFINE_string("budget", "cpu-small", "A budget of configs/compare.py.")
 flags.DEFINE_string("corpus", f"{SHARED_DATA}/corpus/gutenberg-[!R]*.txt,{SHARED_DATA}/corpus/wikitext-*.txt",
                     "Comma-separated globs of raw text files to pretrain on.")
-flags.DEFINE_string("glue_dir", str(SHARED_DATA / "glue"), "Folder of the GLUE task folders (SST-2, MRPC, ...).")
+flags.DEFINE_string("glue_dir", f"{SHARED_DATA}/glue", "Folder of the GLUE task folders (SST-2, MRPC, ...).")
 flags.DEFINE_string("results_dir", "results", "Where compare.md, compare.json and the plots go.")
 flags.DEFINE_integer("seed", 0, "Pretraining seed of every family (fine-tuning seeds come from the budget).")
 
@@ -415,8 +414,8 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     if f.coordinator_address or f.distributed:
         jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
-    report = run(f.budget, pathlib.Path(f.workdir), f.corpus, pathlib.Path(f.glue_dir), pathlib.Path(f.results_dir),
-                 f.seed)
+    report = run(f.budget, pathlib.Path(f.workdir), f.corpus, input_config.resolve_path(f.glue_dir),
+                 pathlib.Path(f.results_dir), f.seed)
     summary = {name: row["points"][-1]["scores"]["glue_average"][0] for name, row in report["rows"].items()}
     print(electra_vs_bert(report))
     print(json.dumps({"budget": f.budget, "glue_average": summary, "minutes": report["seconds"] / 60}))
