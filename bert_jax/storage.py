@@ -122,19 +122,26 @@ def check_writable(folder: PathLike) -> None:
         raise explain(folder, e) from e
 
 
-def atomic_write(path: PathLike, data: bytes | str) -> None:
-    """Write a whole file so that a reader sees the old content or the new, never half of it.
-
-    A bucket object appears only when its upload completes, so buckets are written directly; local files are
-    written beside the target and renamed over it."""
+@contextlib.contextmanager
+def atomic_open(path: PathLike) -> Iterator:
+    """A binary file to write whole: readers see the old content or the new, never half of it, and a failure
+    leaves nothing behind. It is written beside the target and renamed over it (a server-side copy in a bucket)."""
     path = as_path(path)
-    payload = data.encode("utf-8") if isinstance(data, str) else data
-    if is_remote(path):
-        path.write_bytes(payload)
-        return
     tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    tmp.write_bytes(payload)
-    os.replace(tmp, path)
+    try:
+        with tmp.open("wb") as f:
+            yield f
+        tmp.replace(path)
+    except BaseException:
+        with contextlib.suppress(Exception):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+def atomic_write(path: PathLike, data: bytes | str) -> None:
+    """Write a whole file atomically (see `atomic_open`)."""
+    with atomic_open(path) as f:
+        f.write(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def glob(pattern: str) -> list[Path]:
@@ -173,18 +180,19 @@ def _masked_crc(data: bytes) -> int:
     return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-def record_bytes(records: Iterable[bytes]) -> bytes:
-    """Records framed as a TFRecord file (what tf.io.TFRecordWriter writes, uncompressed)."""
-    out = bytearray()
-    for record in records:
-        length = struct.pack("<Q", len(record))
-        out += length + struct.pack("<I", _masked_crc(length)) + record + struct.pack("<I", _masked_crc(record))
-    return bytes(out)
+def framed(record: bytes) -> bytes:
+    """One record as a TFRecord file holds it (what tf.io.TFRecordWriter writes, uncompressed)."""
+    length = struct.pack("<Q", len(record))
+    return length + struct.pack("<I", _masked_crc(length)) + record + struct.pack("<I", _masked_crc(record))
 
 
-def write_records(path: PathLike, records: Iterable[bytes]) -> None:
-    """Write a TFRecord file whole (atomically, see `atomic_write`)."""
-    atomic_write(path, record_bytes(records))
+def write_records(path: PathLike, records: Iterable[bytes]) -> int:
+    """Stream records into a TFRecord file, atomically (see `atomic_open`); returns how many were written."""
+    count = 0
+    with atomic_open(path) as f:
+        for count, record in enumerate(records, 1):
+            f.write(framed(record))
+    return count
 
 
 def read_records(path: PathLike) -> Iterator[bytes]:
