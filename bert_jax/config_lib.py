@@ -166,6 +166,9 @@ def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
         total_steps=200 if tiny else 1_000_000,
         log_every_steps=10 if tiny else 100,
         checkpoint_every_steps=100 if tiny else 10_000,
+        # Also save when this many seconds passed since the last save (0: off): a preempted pod slice loses at most
+        # this much work whatever the step time.
+        checkpoint_every_secs=0 if tiny else 1800,
         keep_checkpoints=3,
         eval_every_steps=100 if tiny else 10_000,  # 0 turns evaluation off
         eval_steps=2 if tiny else 20,  # batches per evaluation, from the stream seeded with seed + 1

@@ -1,7 +1,7 @@
 """Logged metrics go to `metrics.jsonl` (one JSON object per logged step) and TensorBoard event files in the workdir.
 
-Only process 0 writes. Scalars are written with TensorFlow's summary op and the "scalars" plugin metadata, which
-is what `tf.summary.scalar` does, without needing the tensorboard package installed.
+Only process 0 writes. Scalars are written as `tf.summary.scalar` writes them (the "scalars" plugin metadata), with
+TensorFlow's protos but bert_jax's own file writes, so the workdir may be a bucket (see bert_jax.storage).
 """
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import json
 import os
 import pathlib
 import platform
+import socket
+import time
 
 import jax
+
+from bert_jax import storage
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -25,16 +29,26 @@ def machine_description() -> str:
 
 
 class MetricsWriter:
-    def __init__(self, workdir: str | os.PathLike):
+    """metrics.jsonl and a TensorBoard event file, rewritten whole at every write (a bucket object cannot be appended
+    to; TensorFlow's own GCS writer re-uploads its event file the same way). A resumed run keeps the rows up to its
+    start step and drops later ones, so no step is logged twice."""
+
+    def __init__(self, workdir: str | os.PathLike, start_step: int = 0):
         self.active = jax.process_index() == 0
         if not self.active:
             return
-        import tensorflow as tf
-        from tensorflow.core.framework import summary_pb2
+        from tensorflow.core.framework import summary_pb2  # TensorFlow loads only on the process that writes
+        from tensorflow.core.util import event_pb2
 
-        self._tf = tf
-        self._jsonl = open(pathlib.Path(workdir) / METRICS_FILE, "a", encoding="utf-8")
-        self._events = tf.summary.create_file_writer(str(pathlib.Path(workdir) / "tensorboard"))
+        workdir = storage.as_path(workdir)
+        self._jsonl = workdir / METRICS_FILE
+        self._rows = [line + "\n" for line in (self._jsonl.read_text().splitlines() if self._jsonl.exists() else [])
+                      if line.strip() and json.loads(line)["step"] <= start_step]
+        self._events_file = workdir / "tensorboard" / (
+            f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.v2")
+        storage.make_dirs(self._events_file.parent)
+        self._events = bytearray(storage.framed(event_pb2.Event(wall_time=time.time(),
+                                                                 file_version="brain.Event:2").SerializeToString()))
         self._scalar = summary_pb2.SummaryMetadata(
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
             data_class=summary_pb2.DATA_CLASS_SCALAR)
@@ -42,15 +56,22 @@ class MetricsWriter:
     def write(self, step: int, metrics: dict[str, float]) -> None:
         if not self.active:
             return
-        self._jsonl.write(json.dumps({"step": step, **metrics}) + "\n")
-        self._jsonl.flush()
-        with self._events.as_default():
-            for name, value in metrics.items():
-                self._tf.summary.write(name, self._tf.constant(value, self._tf.float32), step=step,
-                                       metadata=self._scalar)
-        self._events.flush()
+        self._rows.append(json.dumps({"step": step, **metrics}) + "\n")
+        storage.atomic_write(self._jsonl, "".join(self._rows))
+        self._events += b"".join(storage.framed(self._scalar_event(step, name, value).SerializeToString())
+                                 for name, value in metrics.items())
+        storage.atomic_write(self._events_file, bytes(self._events))
+
+    def _scalar_event(self, step: int, name: str, value: float):
+        """What tf.summary.scalar writes: a float32 scalar tensor tagged with the scalars plugin."""
+        from tensorflow.core.framework import summary_pb2, tensor_pb2, tensor_shape_pb2, types_pb2
+        from tensorflow.core.util import event_pb2
+
+        tensor = tensor_pb2.TensorProto(dtype=types_pb2.DT_FLOAT, float_val=[value],
+                                        tensor_shape=tensor_shape_pb2.TensorShapeProto())
+        summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=name, tensor=tensor,
+                                                                       metadata=self._scalar)])
+        return event_pb2.Event(wall_time=time.time(), step=step, summary=summary)
 
     def close(self) -> None:
-        if self.active:
-            self._jsonl.close()
-            self._events.close()
+        """Every write is already complete; kept so callers close writers as they would a file."""

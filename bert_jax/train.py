@@ -24,7 +24,7 @@ from flax import linen as nn
 from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
-from bert_jax import checkpoints, flops, objectives, sharding
+from bert_jax import checkpoints, flops, objectives, sharding, storage
 from bert_jax import optimizer as optimizer_lib
 from bert_jax.metrics_writer import MetricsWriter
 from bert_jax.modeling import count_params, dummy_inputs, pretraining_model
@@ -63,6 +63,9 @@ def validate(config: ml_collections.ConfigDict, mesh) -> None:
     for key in ("total_steps", "log_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
         if config[key] < 1:
             raise TrainConfigError(f"config.{key}={config[key]!r}: must be >= 1")
+    if config.checkpoint_every_secs < 0:
+        raise TrainConfigError(f"config.checkpoint_every_secs={config.checkpoint_every_secs!r}: must be >= 0 "
+                               "(0: no time-based saves)")
     if config.eval_every_steps < 0 or config.eval_steps < 1:
         raise TrainConfigError("config.eval_every_steps must be >= 0 (0: no evaluation) and config.eval_steps >= 1")
     if config.nan_policy not in NAN_POLICIES:
@@ -177,23 +180,50 @@ def summarize(pending: list[dict], first_step: int, nan_policy: str) -> tuple[di
     return means, int((~finite).sum())
 
 
-class StopSignal:
-    """SIGTERM / SIGINT set a flag; the loop then saves and returns at a step every process agrees on."""
+def preemption_notices() -> bool:
+    """Whether JAX's multi-host preemption service runs (after jax.distributed.initialize): it then receives
+    SIGTERM, TPU maintenance notices included, and names one step at which every host saves."""
+    from jax._src import distributed  # the service's handle; multihost_utils offers no public test for it
 
-    def __init__(self):
-        self.flag = False
-        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGTERM, signal.SIGINT)}
+    return distributed.global_state.preemption_sync_manager is not None
+
+
+class SavePoints:
+    """When the loop saves and when it stops, the same answer on every process at the same step.
+
+    It saves every `every_steps` steps, when `every_secs` seconds of process 0's clock passed since the last save, at
+    the last step, and then stops on SIGTERM/SIGINT or a preemption notice. Processes compare their signal flags
+    and process 0's clock every `sync_every` steps; a preemption notice is agreed on by JAX's own sync point.
+    """
+
+    def __init__(self, every_steps: int, every_secs: float, last_step: int, sync_every: int):
+        self.every_steps, self.every_secs, self.last_step, self.sync_every = (every_steps, every_secs, last_step,
+                                                                              sync_every)
+        self.signalled, self.last_save = False, time.monotonic()
+        self.notices = preemption_notices()
+        handled = (signal.SIGINT,) if self.notices else (signal.SIGTERM, signal.SIGINT)
+        self._previous = {s: signal.signal(s, self._handle) for s in handled}
 
     def _handle(self, signum, frame):
         logging.warning("received signal %d: saving a checkpoint and stopping", signum)
-        self.flag = True
+        self.signalled = True
 
-    def requested(self, step: int, sync_every: int) -> bool:
+    def at(self, step: int) -> tuple[bool, bool]:
+        """(save, stop) after `step` updates."""
+        preempted = self.notices and multihost_utils.reached_preemption_sync_point(step)
+        local = np.array([self.signalled, 0 < self.every_secs <= time.monotonic() - self.last_save])
         if jax.process_count() == 1:
-            return self.flag
-        if step % sync_every:
-            return False  # processes compare flags only every sync_every steps, so they stop at the same step
-        return bool(multihost_utils.process_allgather(np.array(self.flag)).any())
+            stop, time_due = local
+        elif step % self.sync_every == 0:
+            flags = multihost_utils.process_allgather(local)
+            stop, time_due = flags[:, 0].any(), flags[0, 1]
+        else:
+            stop, time_due = False, False
+        stop = bool(stop or preempted)
+        return bool(stop or time_due or step % self.every_steps == 0 or step == self.last_step), stop
+
+    def saved(self) -> None:
+        self.last_save = time.monotonic()
 
     def close(self) -> None:
         for s, handler in self._previous.items():
@@ -220,6 +250,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
     # ---- Mesh, and every check that needs no compute -----------------------------------------------------------
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     validate(config, mesh)
+    workdir = checkpoints.prepare_workdir(workdir)
     checkpoints.check_same_model(workdir, config)
     checkpoints.write_config(workdir, config)
     batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
@@ -275,8 +306,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
              jax.device_count())
 
     # ---- Loop: step, then log / evaluate / checkpoint on their intervals; a signal saves and stops -------------
-    writer = MetricsWriter(workdir)
-    stop = StopSignal()
+    writer = MetricsWriter(workdir, start_step)
+    save_points = SavePoints(config.checkpoint_every_steps, config.checkpoint_every_secs, config.total_steps,
+                             config.log_every_steps)
     progress = tqdm.tqdm(total=config.total_steps, initial=start_step, disable=process_index != 0,
                          unit="step", dynamic_ncols=True)
     pending, skipped, last_log, last_time = [], 0, start_step, time.perf_counter()
@@ -286,8 +318,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
             pending.append(metrics)
             done = step + 1
             progress.update(1)
-            stop_now = stop.requested(done, config.log_every_steps)
-            save_now = done % config.checkpoint_every_steps == 0 or done == config.total_steps or stop_now
+            save_now, stop_now = save_points.at(done)
             eval_now = bool(config.eval_every_steps) and done % config.eval_every_steps == 0
             if done % config.log_every_steps == 0 or save_now or eval_now:
                 summary, newly_skipped = summarize(pending, last_log, config.nan_policy)
@@ -307,20 +338,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
                 pending, last_log, last_time = [], done, time.perf_counter()
             if save_now:
                 checkpoints.save(manager, done, state)
+                save_points.saved()
             if stop_now:
                 announce("stopped by signal at step %d; checkpoint saved", done)
                 break
     finally:
         manager.wait_until_finished()
         manager.close()
-        stop.close()
+        save_points.close()
         progress.close()
         writer.close()
     return state
 
 
-flags.DEFINE_string("workdir", None, "Where config.json, checkpoints/, metrics.jsonl and tensorboard/ go.",
-                    required=True)
+flags.DEFINE_string("workdir", None, "Where config.json, checkpoints/, metrics.jsonl and tensorboard/ go: a "
+                    "local folder or a bucket URL (gs://...).", required=True)
 config_flags.DEFINE_config_file("config", None, "configs/<family>.py:<size>", lock_config=True)
 flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with the cluster detected from the "
                   "environment (TPU pod slices, SLURM, Open MPI).")
@@ -330,18 +362,29 @@ flags.DEFINE_integer("num_processes", None, "Processes in a --coordinator_addres
 flags.DEFINE_integer("process_id", None, "This process's index in a --coordinator_address run.")
 
 
-def cli_main(train_fn):
+# Errors that name what is wrong and what to do: the command prints their one line, a traceback only with --verbosity.
+USER_ERRORS = (storage.StorageError, checkpoints.WorkdirError, checkpoints.CheckpointMismatchError, TrainConfigError,
+               sharding.MeshError)
+
+
+def cli_main(train_fn, user_errors=USER_ERRORS):
     """The absl main of a training command (pretraining, fine-tuning): quiet logging, multi-host initialisation,
-    then train_fn(--config, --workdir)."""
+    then train_fn(--config, --workdir); `user_errors` end the command with their one-line message and exit code 1."""
 
     def main(argv):
         del argv
-        if not flags.FLAGS["verbosity"].present:
+        verbose = flags.FLAGS["verbosity"].present
+        if not verbose:
             logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO; --verbosity=0 shows it all
         if flags.FLAGS.coordinator_address or flags.FLAGS.distributed:
             jax.distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
                                        flags.FLAGS.process_id)
-        train_fn(flags.FLAGS.config, flags.FLAGS.workdir)
+        try:
+            train_fn(flags.FLAGS.config, flags.FLAGS.workdir)
+        except user_errors as e:
+            if verbose:
+                raise
+            raise SystemExit(f"error: {e}") from None
 
     return main
 
