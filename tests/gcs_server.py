@@ -1,8 +1,12 @@
 """A real GCS server on localhost for the bucket tests: the PyPI package gcp-storage-emulator, in memory.
 
-`start()` runs it in a subprocess on a free port and points the clients at it: gcsfs (hence epath) through
-STORAGE_EMULATOR_HOST, Orbax's tensorstore through TENSORSTORE_GCS_HTTP_URL. Subprocesses inherit `env()`.
-Nothing leaves this machine; the server is stopped when the test session ends.
+`GcsServer()` runs it in a subprocess on a free port (`python tests/gcs_server.py PORT BUCKET`); `use(server)`
+points this process's clients at it: gcsfs (hence epath) through STORAGE_EMULATOR_HOST, Orbax's tensorstore through
+TENSORSTORE_GCS_HTTP_URL; subprocesses take `server.env()`. Nothing leaves this machine.
+
+One fix to the emulator: Cloud Storage sends an object's generation in `x-goog-generation` with every media
+download, and tensorstore needs it for the conditional writes of Orbax's OCDBT manifests; the emulator omits it
+(tensorstore then fails with "Malformed StorageGeneration"), so the server started here adds it.
 """
 from __future__ import annotations
 
@@ -27,10 +31,8 @@ class GcsServer:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.bucket = bucket
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "gcp_storage_emulator", "start", "--host=127.0.0.1", f"--port={self.port}",
-             "--in-memory", f"--default-bucket={bucket}"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen([sys.executable, __file__, str(self.port), bucket],
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while True:
             try:
@@ -57,3 +59,29 @@ class GcsServer:
 def use(server: GcsServer) -> None:
     """Point this process's clients at `server` (before their first bucket access)."""
     os.environ.update(server.env())
+
+
+def serve(port: int, bucket: str) -> None:
+    """Run the emulator in this process, with downloads that carry their generation as Cloud Storage's do."""
+    from gcp_storage_emulator.exceptions import NotFound
+    from gcp_storage_emulator.handlers import objects
+
+    download = objects.download
+
+    def download_with_generation(request, response, storage, *args, **kwargs):
+        try:
+            stored = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+            response["x-goog-generation"] = stored["generation"]
+            response["x-goog-metageneration"] = stored["metageneration"]
+        except NotFound:
+            pass  # the emulator's own handler answers 404
+        return download(request, response, storage, *args, **kwargs)
+
+    objects.download = download_with_generation  # before the server module builds its routes from it
+    from gcp_storage_emulator.server import create_server
+
+    create_server("127.0.0.1", port, in_memory=True, default_bucket=bucket).run()
+
+
+if __name__ == "__main__":
+    serve(int(sys.argv[1]), sys.argv[2])

@@ -60,3 +60,11 @@ def test_unknown_config_key_is_named(tmp_path):
     output = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0 and "learning_rat" in output
     assert not (tmp_path / "typo").exists()
+
+
+def test_a_missing_bucket_is_one_line_before_any_work(gcs_server):
+    proc = launch("bert", "gs://no-such-bucket/run")
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 1, output[-3000:]
+    assert "error: gs://no-such-bucket/run: the bucket gs://no-such-bucket does not exist" in output
+    assert "Traceback" not in output

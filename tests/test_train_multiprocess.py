@@ -37,3 +37,13 @@ def test_two_processes_match_one(tmp_path):
     assert sorted(one) == [1, 2, 3]
     np.testing.assert_allclose([two[s] for s in one], list(one.values()), atol=1e-5)
     assert (tmp_path / "two" / "checkpoints" / "3" / "params").is_dir()
+
+
+def test_hosts_that_do_not_share_the_workdir_stop_before_training(tmp_path):
+    """Each host given its own local folder (as with a local disk per host): both stop, naming the cause."""
+    port = free_port()
+    runs = [spawn(tmp_path / "host0", 2, 2, 0, port), spawn(tmp_path / "host1", 2, 2, 1, port)]
+    outputs = [run.communicate(timeout=400)[0] for run in runs]
+    assert all(run.returncode != 0 for run in runs)
+    assert all("processes [1] cannot see the files process 0 writes there" in output for output in outputs), outputs
+    assert not (tmp_path / "host0" / "checkpoints").exists() and not (tmp_path / "host1" / "config.json").exists()
