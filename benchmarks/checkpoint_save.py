@@ -58,6 +58,9 @@ def main():
     boxed = jax.eval_shape(lambda rng: initial_state(model, tx, rng), jax.random.key(0))
     state = jax.jit(lambda rng: nn.unbox(initial_state(model, tx, rng)),
                     out_shardings=sharding.mesh_shardings(boxed, mesh))(jax.random.key(0))
+    # Random values everywhere: a trained state's Adam moments do not compress like the zeros they start as.
+    state = jax.tree.map(lambda x: jax.random.normal(jax.random.key(1), x.shape, x.dtype)
+                         if jax.numpy.issubdtype(x.dtype, jax.numpy.floating) else x, state)
     state_bytes = sum(x.nbytes for x in jax.tree.leaves(state))
     server = None
     if FLAGS.emulator:

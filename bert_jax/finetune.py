@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import json
 import math
-import pathlib
 
 import jax
 import ml_collections
@@ -25,7 +24,7 @@ import tqdm
 from absl import app, flags, logging
 from flax import linen as nn
 
-from bert_jax import checkpoints, modeling, sharding
+from bert_jax import checkpoints, modeling, sharding, storage
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import train as train_lib  # also defines the --workdir, --config and distributed flags used here
 from bert_jax.evaluation import glue_metrics
@@ -109,7 +108,7 @@ class GlueTask:
     def model(self, model_config) -> nn.Module:
         return modeling.SequenceClassifier(model_config, num_labels=1 if self.regression else len(self.task.labels))
 
-    def finish(self, eval_set: EvalSet, outputs: dict[str, np.ndarray], workdir: pathlib.Path) -> dict[str, float]:
+    def finish(self, eval_set: EvalSet, outputs: dict[str, np.ndarray], workdir: storage.Path) -> dict[str, float]:
         """Write the GLUE submission file of this set; score it when it has labels."""
         logits = outputs["logits"]
         predictions = logits[:, 0] if self.regression else logits.argmax(-1)
@@ -148,16 +147,15 @@ class SquadTask:
     def model(self, model_config) -> nn.Module:
         return modeling.SpanExtractor(model_config)
 
-    def finish(self, eval_set: EvalSet, outputs: dict[str, np.ndarray], workdir: pathlib.Path) -> dict[str, float]:
+    def finish(self, eval_set: EvalSet, outputs: dict[str, np.ndarray], workdir: storage.Path) -> dict[str, float]:
         """Decode the n-best spans into predictions.json and score it with the official rules."""
         cfg = self.config
         predictions = squad.decode_predictions(eval_set.reference, eval_set.features, outputs["start_logits"],
                                                outputs["end_logits"], cfg.n_best, cfg.max_answer_length,
                                                cfg.version_2, cfg.null_threshold)
         if jax.process_index() == 0:
-            (workdir / eval_set.predictions_file).write_text(json.dumps(predictions, indent=1))
-        with open(cfg.predict_file, encoding="utf-8") as f:
-            return squad_eval.evaluate(json.load(f)["data"], predictions)
+            storage.atomic_write(workdir / eval_set.predictions_file, json.dumps(predictions, indent=1))
+        return squad_eval.evaluate(squad_eval.read_json(cfg.predict_file)["data"], predictions)
 
 
 def make_task(config, tokenizer, family: str):
@@ -248,7 +246,6 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     """Fine-tune config.init on config.task, then predict and score every evaluation set; returns the scores."""
     from bert_jax.pretrained import load_pretrained  # Orbax and TF checkpoint readers load only when used
 
-    workdir = pathlib.Path(workdir)
     if not config.init:
         raise FinetuneConfigError("config.init is empty; pass --config.init=PATH to a pretrained checkpoint (an HF "
                                   "directory, an original TF checkpoint or a bert_jax workdir)")
@@ -268,6 +265,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                        total_steps, config.batch_size, [s.name for s in task.eval_sets])
     if total_steps < 1:
         raise FinetuneConfigError(f"config.num_epochs={config.num_epochs} over {num_train} examples gives no steps")
+    workdir = checkpoints.prepare_workdir(workdir)
     checkpoints.check_same_model(workdir, config)
     checkpoints.write_config(workdir, config)
 
@@ -307,7 +305,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                          in_shardings=(state_shardings["params"], batch_sharding), out_shardings=replicated)
 
     # ---- Loop: step, log, checkpoint ------------------------------------------------------------------------------
-    writer = MetricsWriter(workdir)
+    writer = MetricsWriter(workdir, start_step)
+    save_points = train_lib.SavePoints(config.checkpoint_every_steps, config.checkpoint_every_secs, total_steps,
+                                       config.log_every_steps)
     progress = tqdm.tqdm(total=total_steps, initial=start_step, disable=jax.process_index() != 0, unit="step",
                          dynamic_ncols=True)
     pending, last_log = [], start_step
@@ -319,13 +319,18 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             pending.append(metrics)
             done = step + 1
             progress.update(1)
-            if done % config.log_every_steps == 0 or done == total_steps:
+            save_now, stop_now = save_points.at(done)
+            if done % config.log_every_steps == 0 or save_now:
                 summary, _ = train_lib.summarize(pending, last_log, config.nan_policy)
                 writer.write(done, summary)
                 progress.set_postfix(loss=f"{summary['loss']:.4f}")
                 pending, last_log = [], done
-            if done % config.checkpoint_every_steps == 0 or done == total_steps:
+            if save_now:
                 checkpoints.save(manager, done, state)
+                save_points.saved()
+            if stop_now:
+                train_lib.announce("stopped by signal at step %d; checkpoint saved, rerun to continue", done)
+                return {}
 
         # ---- Predict and score every evaluation set ----------------------------------------------------------------
         results = {}
@@ -336,10 +341,11 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         writer.write(total_steps, results)
         train_lib.announce("results: %s", json.dumps(results))
         if jax.process_index() == 0:
-            (workdir / "results.json").write_text(json.dumps(results, indent=1))
+            storage.atomic_write(workdir / "results.json", json.dumps(results, indent=1))
     finally:
         manager.wait_until_finished()
         manager.close()
+        save_points.close()
         progress.close()
         writer.close()
     return results
@@ -362,4 +368,4 @@ def optimizer_config(opt: ml_collections.ConfigDict, total_steps: int) -> ml_col
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(train_lib.cli_main(train_and_evaluate))
+    app.run(train_lib.cli_main(train_and_evaluate, train_lib.USER_ERRORS + (FinetuneConfigError,)))

@@ -12,16 +12,15 @@ A checkpoint holds one task and can be loaded as any task inside it (e.g. a Bert
 
 The bert_jax format is the trainer's workdir: config.json (model architecture under "model", objective under
 "objective") and an Orbax CheckpointManager directory checkpoints/<step>/ whose item "params" is the params pytree.
+Every path may be local or a bucket URL (gs://...): files are read and written through `storage`.
 """
 from __future__ import annotations
 
 import dataclasses
 import functools
+import io
 import json
-import os
-import pathlib
-import shutil
-import tempfile
+import uuid
 import warnings
 
 import jax
@@ -31,7 +30,7 @@ import safetensors
 import safetensors.numpy
 from flax import linen as nn
 
-from bert_jax import config_lib, modeling, sharding, state_dict, tf_checkpoint
+from bert_jax import config_lib, modeling, sharding, state_dict, storage, tf_checkpoint
 from bert_jax.input_pipeline import tokenizers as tokenizer_lib
 from bert_jax.modeling.transformer import to_unscanned_layout
 
@@ -202,8 +201,10 @@ def load_pretrained(path, task: str | None = None, mesh=None) -> Pretrained:
     """Load an HF model directory, an original TF1 checkpoint directory, or a bert_jax workdir (or one of its
     checkpoints/<step>). `task` picks a model inside the checkpoint (default: everything it holds); with `mesh`
     the params are sharded over it by the logical-axis rules, else they sit on the CPU."""
-    path = pathlib.Path(path).absolute()  # Orbax takes absolute paths only
-    if not path.exists() and not pathlib.Path(f"{path}.index").exists():  # a TF prefix names no file itself
+    path = storage.as_path(path)
+    path = path if storage.is_remote(path) else path.absolute()  # Orbax takes absolute local paths only
+    storage.check_bucket(path)
+    if not path.exists() and not tf_checkpoint.index_file(path).exists():
         raise LoadError(f"{path} does not exist")
     if task is not None and task not in TASKS:
         raise LoadError(f"task={task!r}; choose one of {TASKS}")
@@ -214,7 +215,7 @@ def load_pretrained(path, task: str | None = None, mesh=None) -> Pretrained:
     return Pretrained(config=config, task=task or have, params=params, tokenizer=tokenizer)
 
 
-def read_checkpoint(path: pathlib.Path, mesh=None):
+def read_checkpoint(path: storage.Path, mesh=None):
     """(model config, task, params, tokenizer) of whatever checkpoint `path` is."""
     workdir, step = _workdir_and_step(path)
     if workdir is not None:
@@ -224,14 +225,14 @@ def read_checkpoint(path: pathlib.Path, mesh=None):
         configs = {name: _read_json(d / "config.json") for name, d in directories.items()}
         states = {name: read_hf_weights(d) for name, d in directories.items()}
         return (*from_hf(configs, states), find_tokenizer(next(iter(directories.values()))))
-    if pathlib.Path(f"{path}.index").exists() or list(path.glob("*.index")) or (path / "checkpoint").exists():
+    if tf_checkpoint.index_file(path).exists() or list(path.glob("*.index")) or (path / "checkpoint").exists():
         return (*from_hf(*tf_checkpoint.read(path)), find_tokenizer(path if path.is_dir() else path.parent))
     raise LoadError(f"{path}: not a checkpoint. Expected an HF directory (config.json + {' or '.join(HF_WEIGHTS)}), "
                     "an original TF checkpoint directory (model.ckpt-*.index + bert_config.json or "
                     "albert_config.json) or a bert_jax workdir (config.json + checkpoints/)")
 
 
-def _hf_directories(path: pathlib.Path) -> dict[str, pathlib.Path]:
+def _hf_directories(path: storage.Path) -> dict[str, storage.Path]:
     """{"model": path} for an HF directory; discriminator/ and generator/ for a joint ELECTRA export; else {}."""
     if (path / "config.json").exists():
         return {"model": path}
@@ -253,7 +254,7 @@ def from_hf(configs: dict[str, dict], states: dict[str, dict]):
     return config, "both", state_dict.electra_params_from_hf(states["discriminator"], states["generator"], config)
 
 
-def read_hf_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
+def read_hf_weights(directory: storage.Path) -> dict[str, np.ndarray]:
     """An HF directory's tensors, from model.safetensors, a sharded safetensors index, or pytorch_model.bin."""
     single, index, pickle = (directory / name for name in HF_WEIGHTS)
     if single.exists():
@@ -267,26 +268,27 @@ def read_hf_weights(directory: pathlib.Path) -> dict[str, np.ndarray]:
         except ImportError as e:
             raise LoadError(f"{pickle}: reading pytorch_model.bin needs torch; install it or use safetensors") from e
         return {name: tensor.float().numpy() for name, tensor in
-                torch.load(pickle, map_location="cpu", weights_only=True).items()}
+                torch.load(io.BytesIO(pickle.read_bytes()), map_location="cpu", weights_only=True).items()}
     raise LoadError(f"{directory}: has config.json but no weights ({', '.join(HF_WEIGHTS)})")
 
 
-def read_safetensors(file: pathlib.Path) -> dict[str, np.ndarray]:
+def read_safetensors(file: storage.Path) -> dict[str, np.ndarray]:
+    data = file.read_bytes()  # whole, as a bucket gives it; the arrays are copies either way
     try:
-        return safetensors.numpy.load_file(file)
-    except (safetensors.SafetensorError, OSError) as e:
+        return safetensors.numpy.load(data)
+    except safetensors.SafetensorError as e:
         raise LoadError(f"{file}: cannot read this safetensors file ({e}); it is truncated or corrupt — "
                         "download or export it again") from e
 
 
-def _read_json(file: pathlib.Path) -> dict:
+def _read_json(file: storage.Path) -> dict:
     try:
         return json.loads(file.read_text())
     except json.JSONDecodeError as e:
         raise LoadError(f"{file}: not valid JSON ({e})") from e
 
 
-def _workdir_and_step(path: pathlib.Path) -> tuple[pathlib.Path | None, int | None]:
+def _workdir_and_step(path: storage.Path) -> tuple[storage.Path | None, int | None]:
     """A bert_jax workdir given as itself, its checkpoints/ folder or one checkpoints/<step>/ (None if not one)."""
     if path.name.isdigit() and path.parent.name == "checkpoints":
         workdir, step = path.parent.parent, int(path.name)
@@ -298,7 +300,7 @@ def _workdir_and_step(path: pathlib.Path) -> tuple[pathlib.Path | None, int | No
     return None, None
 
 
-def _workdir_config(workdir: pathlib.Path):
+def _workdir_config(workdir: storage.Path):
     """(model config, task) from a workdir's config.json."""
     saved = _read_json(workdir / "config.json")
     config = config_lib.model_config(**saved["model"])
@@ -310,7 +312,7 @@ def _workdir_config(workdir: pathlib.Path):
     return config, task_of(config.family, head_of(task))
 
 
-def read_workdir(workdir: pathlib.Path, step: int | None, mesh=None):
+def read_workdir(workdir: storage.Path, step: int | None, mesh=None):
     """(config, task, params) restored from the latest (or given) step, straight onto the wanted shardings."""
     import orbax.checkpoint as ocp
 
@@ -330,19 +332,21 @@ def read_workdir(workdir: pathlib.Path, step: int | None, mesh=None):
     return config, task, restored["params"]
 
 
-def _workdir_tokenizer(workdir: pathlib.Path) -> tokenizer_lib.Tokenizer | None:
+def _workdir_tokenizer(workdir: storage.Path) -> tokenizer_lib.Tokenizer | None:
     """The tokenizer a training config names (config.data.tokenizer_kind/tokenizer_path), if it exists here."""
     data = _read_json(workdir / "config.json").get("data") or {}
     if not data.get("tokenizer_path"):
         return None
+    named = storage.as_path(data["tokenizer_path"])
     # Presets name repository files relative to the repository root, where training runs.
-    for path in (pathlib.Path(data["tokenizer_path"]), config_lib.CONFIG_DIR.parent / data["tokenizer_path"]):
+    in_repository = () if named.is_absolute() else (storage.as_path(config_lib.CONFIG_DIR.parent / named),)
+    for path in (named, *in_repository):
         if path.exists():
             return tokenizer_lib.load_tokenizer(data["tokenizer_kind"], path)
     return None
 
 
-def find_tokenizer(directory: pathlib.Path, found: tokenizer_lib.Tokenizer | None = None):
+def find_tokenizer(directory: storage.Path, found: tokenizer_lib.Tokenizer | None = None):
     """The tokenizer stored in a checkpoint directory: tokenizer.json (exact HF pipeline), else vocab.txt,
     vocab.json + merges.txt or a sentencepiece *.model. None, with a warning, if there is none."""
     if found is not None:
@@ -367,17 +371,19 @@ def find_tokenizer(directory: pathlib.Path, found: tokenizer_lib.Tokenizer | Non
 # ----------------------------------------------------------------------------------------------------------- save
 
 
-def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) -> pathlib.Path:
+def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) -> storage.Path:
     """Write `obj` as an HF directory (config.json + model.safetensors; ELECTRA's `both` as discriminator/ and
     generator/ subdirectories) or as a bert_jax workdir (config.json + checkpoints/<step>/params). Tokenizer files
-    are copied along. Written to a temporary sibling and renamed, so a failure leaves nothing behind."""
-    path = pathlib.Path(path)
+    are copied along. Written to a hidden sibling folder and moved into place, so a failure leaves nothing behind.
+    For a bucket the sibling is in the bucket too: Orbax marks a finished step there with a file, which a local
+    save would lack."""
+    path = storage.as_path(path)
     if format not in ("hf", "bert_jax"):
         raise ValueError(f"format={format!r}; choose 'hf' or 'bert_jax'")
+    storage.check_bucket(path)
     if path.exists() and any(path.iterdir()):
         raise FileExistsError(f"{path} exists and is not empty; choose a new output path")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    staging = pathlib.Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    staging = storage.make_dirs(path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if format == "hf":
             write_hf(obj, staging)
@@ -385,9 +391,10 @@ def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) ->
             write_bert_jax(obj, staging, step)
         if path.exists():
             path.rmdir()
-        os.replace(staging, path)
+        storage.move_tree(staging, path)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging.exists():
+            staging.rmtree()
     return path
 
 
@@ -396,7 +403,7 @@ def _host_params(obj: Pretrained) -> dict:
     return to_unscanned_layout(jax.tree.map(np.asarray, jax.device_get(obj.params)))
 
 
-def write_hf(obj: Pretrained, directory: pathlib.Path) -> None:
+def write_hf(obj: Pretrained, directory: storage.Path) -> None:
     params = _host_params(obj)
     if obj.task == "both":
         states = state_dict.electra_params_to_hf(params, obj.config)
@@ -412,14 +419,14 @@ def write_hf(obj: Pretrained, directory: pathlib.Path) -> None:
                     state_dict.params_to_hf(params, obj.config, head, hf_base), obj.tokenizer)
 
 
-def _write_hf_model(directory: pathlib.Path, hf_config: dict, state: dict, tokenizer) -> None:
+def _write_hf_model(directory: storage.Path, hf_config: dict, state: dict, tokenizer) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    safetensors.numpy.save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    (directory / "model.safetensors").write_bytes(safetensors.numpy.save(state, metadata={"format": "pt"}))
     copy_tokenizer(tokenizer, directory)
 
 
-def write_bert_jax(obj: Pretrained, directory: pathlib.Path, step: int) -> None:
+def write_bert_jax(obj: Pretrained, directory: storage.Path, step: int) -> None:
     """The trainer's workdir layout, with only the "params" item (a conversion has no optimizer state)."""
     import orbax.checkpoint as ocp
 
@@ -433,12 +440,13 @@ def write_bert_jax(obj: Pretrained, directory: pathlib.Path, step: int) -> None:
     copy_tokenizer(obj.tokenizer, directory)
 
 
-def copy_tokenizer(tokenizer, directory: pathlib.Path) -> None:
-    """Copy the tokenizer's file(s) and the HF tokenizer files beside them."""
+def copy_tokenizer(tokenizer, directory: storage.Path) -> None:
+    """Copy the tokenizer's file(s) and the HF tokenizer files beside them (small files: read whole, so that
+    either side may be in a bucket)."""
     if tokenizer is None:
         return
-    source = pathlib.Path(tokenizer.path)
+    source = storage.as_path(tokenizer.path)
     folder = source if source.is_dir() else source.parent
     files = {folder / name for name in TOKENIZER_FILES} | ({source} if source.is_file() else set())
     for file in sorted(f for f in files if f.exists()):
-        shutil.copy2(file, directory / file.name)
+        (directory / file.name).write_bytes(file.read_bytes())

@@ -131,7 +131,7 @@ def atomic_open(path: PathLike) -> Iterator:
     try:
         with tmp.open("wb") as f:
             yield f
-        tmp.replace(path)
+        move_file(tmp, path)
     except BaseException:
         with contextlib.suppress(Exception):
             tmp.unlink(missing_ok=True)
@@ -142,6 +142,44 @@ def atomic_write(path: PathLike, data: bytes | str) -> None:
     """Write a whole file atomically (see `atomic_open`)."""
     with atomic_open(path) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)
+
+
+def _bucket_fs(path: Path):
+    """epath's own fsspec instance for a bucket path (so that its listing cache stays right) and the bare path."""
+    from fsspec.core import strip_protocol
+
+    return epath.backend.fsspec_backend.fs(path), strip_protocol(os.fspath(path))
+
+
+def move_file(source: PathLike, target: PathLike) -> None:
+    """Rename a file over `target`: os.replace locally, a server-side copy then delete in a bucket (gcsfs's own move
+    first tries an object-move API that not every bucket, nor the test server, offers, for half a minute)."""
+    source, target = as_path(source), as_path(target)
+    if not is_remote(source):
+        os.replace(source, target)
+        return
+    fs, bare = _bucket_fs(source)
+    fs.copy(bare, _bucket_fs(target)[1])
+    fs.rm(bare)
+
+
+def move_tree(source: PathLike, target: PathLike) -> None:
+    """Move a folder to `target` (absent, same filesystem): a rename locally. A bucket has no folders to rename:
+    each object is copied server-side (a failed copy removes the target again), then the source is deleted."""
+    source, target = as_path(source), as_path(target)
+    if not is_remote(source):
+        source.rename(target)
+        return
+    fs, root = _bucket_fs(source)
+    new_root = _bucket_fs(target)[1]
+    files = fs.find(root)
+    try:
+        fs.copy(files, [new_root + file[len(root):] for file in files])
+    except BaseException:
+        with contextlib.suppress(Exception):
+            fs.rm(new_root, recursive=True)
+        raise
+    fs.rm(root, recursive=True)
 
 
 def glob(pattern: str) -> list[Path]:

@@ -3,15 +3,17 @@
 An ordered table of rewrites per family turns each TF1 variable name into the HF tensor name that `state_dict` already
 maps (e.g. bert/encoder/layer_0/attention/self/query/kernel -> bert.encoder.layer.0.attention.self.query.weight);
 TF kernels are [in, out] and are transposed to PyTorch's [out, in]. Everything after that is the HF path.
+The checkpoint may be local or in a bucket: TensorFlow's reader only ever opens a local copy (see `storage`).
 """
 from __future__ import annotations
 
 import json
-import pathlib
+import os
 import re
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.state_dict import ConversionError
 
 # Optimizer slots and step counters that training checkpoints carry next to the weights.
@@ -116,31 +118,48 @@ def electra_hf_configs(shapes: dict) -> dict[str, dict]:
     return configs
 
 
-def checkpoint_prefix(path: pathlib.Path) -> str:
-    """The checkpoint a directory's `checkpoint` file names, its only *.index file, or `path` itself as a prefix."""
-    import tensorflow as tf
+def index_file(prefix: storage.Path) -> storage.Path:
+    """A checkpoint prefix names no file itself; its .index file says it exists."""
+    return storage.as_path(f"{prefix}.index")
 
-    if pathlib.Path(f"{path}.index").exists():
-        return str(path)
-    latest = tf.train.latest_checkpoint(str(path))
-    if latest:
+
+def latest_checkpoint(directory: storage.Path) -> storage.Path | None:
+    """The checkpoint that the directory's `checkpoint` file names, if its files are in the directory. Read here,
+    not by tf.train.latest_checkpoint, which would open a bucket itself; the name is looked up in this directory,
+    as the file often holds the absolute path where training ran."""
+    state = directory / "checkpoint"
+    if not state.exists() or not (named := re.search(r'^model_checkpoint_path:\s*"(.*)"', state.read_text(),
+                                                      re.MULTILINE)):
+        return None
+    prefix = directory / named.group(1).rsplit("/", 1)[-1]
+    return prefix if index_file(prefix).exists() else None
+
+
+def checkpoint_prefix(path: storage.Path) -> storage.Path:
+    """The checkpoint a directory's `checkpoint` file names, its only *.index file, or `path` itself as a prefix."""
+    if index_file(path).exists():
+        return path
+    latest = latest_checkpoint(path)
+    if latest is not None:
         return latest
     indexes = sorted(path.glob("*.index"))
     if len(indexes) != 1:
         raise ConversionError(f"{path}: expected one TF checkpoint (model.ckpt-*.index) or a `checkpoint` file, found "
                               f"{[i.name for i in indexes]}; pass the checkpoint prefix, e.g. {path}/model.ckpt-1000")
-    return str(indexes[0].with_suffix(""))
+    return indexes[0].with_suffix("")
 
 
-def read(path: pathlib.Path) -> tuple[dict[str, dict], dict[str, dict[str, np.ndarray]]]:
+def read(path: storage.PathLike) -> tuple[dict[str, dict], dict[str, dict[str, np.ndarray]]]:
     """(HF config dicts, HF state dicts), keyed "model", or "discriminator" and "generator" for ELECTRA."""
     import tensorflow as tf
 
-    prefix = checkpoint_prefix(path)
+    prefix = checkpoint_prefix(storage.as_path(path))
     try:
-        reader = tf.train.load_checkpoint(prefix)
-        shapes = {n: s for n, s in reader.get_variable_to_shape_map().items() if not TRAINING_STATE.search(n)}
-        tf_state = {name: reader.get_tensor(name) for name in shapes}
+        # TensorFlow reads the prefix's .index and .data-* files from a local copy (in place when local).
+        with storage.local_copy([index_file(prefix), *storage.glob(f"{prefix}.data-*")]) as folder:
+            reader = tf.train.load_checkpoint(os.path.join(folder, prefix.name))
+            shapes = {n: s for n, s in reader.get_variable_to_shape_map().items() if not TRAINING_STATE.search(n)}
+            tf_state = {name: reader.get_tensor(name) for name in shapes}
     except (tf.errors.OpError, ValueError) as e:
         raise ConversionError(f"{prefix}: cannot read the TF checkpoint ({e})") from e
     family = detect_family(shapes)
@@ -149,8 +168,7 @@ def read(path: pathlib.Path) -> tuple[dict[str, dict], dict[str, dict[str, np.nd
         configs, states = electra_hf_configs(shapes), split_electra(state)
         return (configs, states) if "generator" in states else ({"model": configs["discriminator"]},
                                                                  {"model": states["discriminator"]})
-    directory = pathlib.Path(prefix).parent
-    config_file = directory / CONFIG_FILES[family]
+    config_file = prefix.parent / CONFIG_FILES[family]
     if not config_file.exists():
         raise ConversionError(f"{config_file} not found: an original {family} checkpoint directory holds its config "
                               "next to model.ckpt-*")

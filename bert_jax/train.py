@@ -364,7 +364,7 @@ flags.DEFINE_integer("process_id", None, "This process's index in a --coordinato
 
 # Errors that name what is wrong and what to do: the command prints their one line, a traceback only with --verbosity.
 USER_ERRORS = (storage.StorageError, checkpoints.WorkdirError, checkpoints.CheckpointMismatchError, TrainConfigError,
-               sharding.MeshError)
+               sharding.MeshError, optimizer_lib.OptimizerConfigError)
 
 
 def cli_main(train_fn, user_errors=USER_ERRORS):

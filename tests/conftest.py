@@ -31,6 +31,8 @@ def gcs_server():
 @pytest.fixture
 def bucket_dir(gcs_server, request):
     """A fresh gs:// folder for one test."""
+    import re
     import uuid
 
-    return f"gs://{gcs_server.bucket}/{request.node.name}-{uuid.uuid4().hex[:8]}"
+    name = re.sub(r"[^\w-]+", "-", request.node.name)  # parametrize ids hold [ ], glob characters
+    return f"gs://{gcs_server.bucket}/{name}-{uuid.uuid4().hex[:8]}"

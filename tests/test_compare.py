@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from bert_jax import config_lib, flops
+from bert_jax import config_lib, flops, storage
 from bert_jax.experiments import compare
 
 DATA = pathlib.Path(__file__).parent / "data"
@@ -45,6 +45,42 @@ def test_unknown_budget_and_missing_glue_are_named(tmp_path):
         config_lib.load_preset("compare", "cpu-huge")
     with pytest.raises(FileNotFoundError, match="RTE"):
         compare.run("test", tmp_path / "work", "data/corpus/*.txt", tmp_path / "no-glue", tmp_path / "results")
+
+
+def test_stages_read_and_write_their_files_in_a_bucket(bucket_dir):
+    """The path functions of compare with gs:// folders (the experiment itself runs locally, below)."""
+    work = storage.as_path(bucket_dir) / "work"
+    # Finished stages are read back from the bucket, not redone (config None: nothing may run).
+    run_dir = work / "finetune" / "bert" / "4" / "rte" / "seed0"
+    (run_dir / "results.json").write_text(json.dumps({"dev_accuracy": 0.5}))
+    (run_dir / "seconds.json").write_text("12.5")
+    assert compare.run_finetune(None, run_dir) == ({"dev_accuracy": 0.5}, 12.5)
+    (work / "pretrain" / "bert" / "summary.json").write_text(json.dumps({"total_steps": 4}))
+    assert compare.pretrain(None, work / "pretrain" / "bert") == {"total_steps": 4}
+    (work / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n\n{"step": 2, "loss": 1.0}\n')
+    assert compare.read_jsonl(work / "metrics.jsonl") == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}]
+    prepared = compare.prepared_dir(work, "wordpiece", pathlib.Path("vocab.txt"))
+    assert str(prepared) == f"{bucket_dir}/work/corpus/wordpiece-vocab.txt"
+    for i in range(2):
+        (prepared / f"{i:05d}.done.json").write_text(json.dumps({"documents": 3, "tokens": 100}))
+    assert compare.corpus_summary({"bert": str(prepared)}) == "6 documents, 200 tokens as wordpiece-vocab.txt"
+    budget = config_lib.load_preset("compare", "test")
+    config = compare.finetune_config("rte", work / "init", 0, budget, storage.as_path(bucket_dir) / "glue")
+    assert (config.init, config.data_dir) == (f"{bucket_dir}/work/init", f"{bucket_dir}/glue/RTE")
+
+    from matplotlib import pyplot as plt
+    fig = plt.figure()
+    compare.save_png(fig, work / "plot.png")
+    plt.close(fig)
+    assert (work / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    # A bucket --glue_dir lacking a task is named; an unusable --results_dir fails before any training.
+    stsb = DATA / "glue" / "STS-B" / "dev.tsv"
+    (storage.as_path(bucket_dir) / "glue" / "STS-B" / "dev.tsv").write_bytes(stsb.read_bytes())
+    with pytest.raises(FileNotFoundError, match=r"lacks the task folders \['RTE'\]"):
+        compare.run("test", work, "unused", f"{bucket_dir}/glue", f"{bucket_dir}/results")
+    with pytest.raises(storage.StorageError, match="gs://no-such-bucket does not exist"):
+        compare.run("test", work, "unused", DATA / "glue", "gs://no-such-bucket/results")
 
 
 def test_whole_experiment_writes_the_table_and_plots_and_repeats_exactly(tmp_path):

@@ -124,3 +124,27 @@ def test_squad_refuses_length_buckets(init_dir, tmp_path):
     config = small_config("squad:v1.1", init_dir, train_file=sample, predict_file=sample, length_bucket=32)
     with pytest.raises(finetune.FinetuneConfigError, match="length_bucket"):
         finetune.train_and_evaluate(config, tmp_path)
+
+
+def test_sigterm_saves_and_a_rerun_ends_with_the_same_result(init_dir, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    config = small_config("glue:rte", init_dir, data_dir=str(DATA / "glue" / "RTE"), max_seq_length=48,
+                          num_epochs=2.0, max_train_examples=32)
+    config.log_every_steps = 1
+    straight = finetune.train_and_evaluate(config, tmp_path / "straight")
+    fetch_rows = finetune.batch_rows
+
+    def signalled_at_step_3(num_rows, batch_size, seed, step):
+        if step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return fetch_rows(num_rows, batch_size, seed, step)
+
+    monkeypatch.setattr(finetune, "batch_rows", signalled_at_step_3)
+    assert finetune.train_and_evaluate(config, tmp_path / "stopped") == {}
+    assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["4"]
+    assert not (tmp_path / "stopped" / "results.json").exists()
+    monkeypatch.setattr(finetune, "batch_rows", fetch_rows)
+    assert finetune.train_and_evaluate(config, tmp_path / "stopped") == straight
+    assert logged_losses(tmp_path / "stopped") == logged_losses(tmp_path / "straight")

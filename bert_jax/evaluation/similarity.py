@@ -3,16 +3,17 @@
     python -m bert_jax.evaluation.similarity --init=PATH --data=STS-B/dev.tsv --pooling=mean
 
 `--init` is any checkpoint bert_jax.load_pretrained reads; `--data` a GLUE STS-B TSV (sentence1, sentence2, score
-columns). The last line printed is JSON: {"pearson": ..., "spearman": ...} (correlations, not percentages).
+columns), local or in a bucket (gs://...). The last line printed is JSON: {"pearson": ..., "spearman": ...}
+(correlations, not percentages).
 """
 from __future__ import annotations
 
 import json
-import pathlib
 
 import numpy as np
 from absl import app, flags, logging
 
+from bert_jax import storage
 from bert_jax.evaluation import glue_metrics
 from bert_jax.tasks import glue
 
@@ -25,8 +26,8 @@ def cosine_similarities(pretrained, text_a: list[str], text_b: list[str], poolin
     return np.sum(vectors[:len(text_a)] * vectors[len(text_a):], axis=-1)
 
 
-def evaluate(pretrained, data_file: str | pathlib.Path, pooling: str) -> dict[str, float]:
-    pairs = glue.read_tsv(glue.get_task("stsb"), pathlib.Path(data_file))
+def evaluate(pretrained, data_file: storage.PathLike, pooling: str) -> dict[str, float]:
+    pairs = glue.read_tsv(glue.get_task("stsb"), data_file)
     cosines = cosine_similarities(pretrained, pairs.text_a, pairs.text_b, pooling)
     return {"pearson": glue_metrics.pearson(cosines, pairs.labels),
             "spearman": glue_metrics.spearman(cosines, pairs.labels), "pairs": len(cosines)}

@@ -4,6 +4,7 @@
 
 prints {"exact_match": ..., "f1": ...} (percentages) as the official v1.1 script does; for v2.0 data, where a
 question may have no answer and the right prediction is "", it adds the HasAns / NoAns breakdown of the v2.0 script.
+Either file may be local or in a bucket (gs://...).
 """
 from __future__ import annotations
 
@@ -12,6 +13,8 @@ import json
 import re
 import string
 import sys
+
+from bert_jax import storage
 
 PUNCTUATION = frozenset(string.punctuation)
 ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -73,13 +76,15 @@ def evaluate(dataset: list, predictions: dict[str, str]) -> dict[str, float]:
     return scores
 
 
+def read_json(path: storage.PathLike):
+    """A JSON file, local or in a bucket."""
+    return json.loads(storage.as_path(path).read_text(encoding="utf-8"))
+
+
 def main(argv: list[str]) -> None:
     if len(argv) != 3:
         sys.exit("usage: python -m bert_jax.evaluation.squad DATA.json PREDICTIONS.json")
-    with open(argv[1], encoding="utf-8") as f:
-        dataset = json.load(f)["data"]
-    with open(argv[2], encoding="utf-8") as f:
-        predictions = json.load(f)
+    dataset, predictions = read_json(argv[1])["data"], read_json(argv[2])
     print(json.dumps(evaluate(dataset, predictions)))
 
 

@@ -4,6 +4,8 @@ same training FLOPs, fine-tune each on SST-2, MRPC, STS-B, RTE and CoLA, and wri
     python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare \\
         [--corpus='../shared/data/corpus/*.txt'] [--glue_dir=../shared/data/glue] [--results_dir=results]
 
+Every folder and the corpus may also be in a bucket (gs://...), e.g. --workdir=gs://bucket/compare on a pod.
+
 Budgets are the presets of configs/compare.py. Stages, each resumable (rerun the command to continue):
 1. corpus: the raw text -> DIR/corpus/text (one sentence per line, bert_jax.input_pipeline.plain_text), tokenized
    once per tokenizer into DIR/corpus/<tokenizer>;
@@ -20,10 +22,9 @@ times 100; the GLUE average is their mean. With several fine-tuning seeds a scor
 from __future__ import annotations
 
 import fractions
+import io
 import json
 import math
-import pathlib
-import shutil
 import time
 
 import jax
@@ -32,7 +33,7 @@ import numpy as np
 from absl import app, flags, logging
 from jax.experimental import multihost_utils
 
-from bert_jax import config_lib, finetune, flops, param_table
+from bert_jax import config_lib, finetune, flops, param_table, storage
 from bert_jax import train as train_lib  # defines --workdir and the distributed flags this command shares
 from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import documents, plain_text, prepare
@@ -106,8 +107,8 @@ def checkpoint_steps(total_steps: int, points) -> list[int]:
     return sorted({round(p * total_steps) for p in points})
 
 
-def finetune_config(task: str, init: pathlib.Path, seed: int, budget: ml_collections.ConfigDict,
-                    glue_dir: pathlib.Path) -> ml_collections.ConfigDict:
+def finetune_config(task: str, init: storage.Path, seed: int, budget: ml_collections.ConfigDict,
+                    glue_dir: storage.Path) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(config_lib.load_preset("glue", task).to_dict())
     ft = budget.finetune
     config.update(init=str(init), data_dir=str(glue_dir / glue.get_task(task).name), seed=seed,
@@ -131,7 +132,7 @@ def on_process_zero(name: str, write_files) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def prepare_corpus(patterns: str, workdir: pathlib.Path, families) -> dict[str, str]:
+def prepare_corpus(patterns: str, workdir: storage.Path, families) -> dict[str, str]:
     """Convert the raw text once, then tokenize it once per tokenizer; returns family -> prepared folder."""
     text_dir = workdir / "corpus" / "text"
     tokenizers = {}
@@ -143,8 +144,8 @@ def prepare_corpus(patterns: str, workdir: pathlib.Path, families) -> dict[str, 
     def write_files():
         if not (text_dir / "done").exists():
             plain_text.convert_files(documents.expand_patterns(patterns, "--corpus"), text_dir)
-            (text_dir / "done").touch()
-        texts = sorted(str(p) for p in text_dir.glob("*") if p.name != "done")
+            storage.atomic_write(text_dir / "done", "")
+        texts = [str(p) for p in storage.glob(f"{text_dir}/*") if p.name != "done"]
         for kind, path, lowercase in set(tokenizers.values()):
             units = prepare.work_units(texts, prepared_dir(workdir, kind, path), str(path), kind, lowercase,
                                        docs_per_shard=1000, tfds=None)
@@ -154,11 +155,11 @@ def prepare_corpus(patterns: str, workdir: pathlib.Path, families) -> dict[str, 
     return {family: str(prepared_dir(workdir, kind, path)) for family, (kind, path, _) in tokenizers.items()}
 
 
-def prepared_dir(workdir: pathlib.Path, kind: str, tokenizer: pathlib.Path) -> pathlib.Path:
-    return workdir / "corpus" / f"{kind}-{tokenizer.name}"
+def prepared_dir(workdir: storage.Path, kind: str, tokenizer: storage.PathLike) -> storage.Path:
+    return workdir / "corpus" / f"{kind}-{storage.as_path(tokenizer).name}"
 
 
-def pretrain(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
+def pretrain(config: ml_collections.ConfigDict, workdir: storage.Path) -> dict:
     """Run (or finish) one family's pretraining; returns what the table needs about it (kept in summary.json, so
     a rerun reports the wall time of the run that did the work)."""
     summary_file = workdir / "summary.json"
@@ -174,24 +175,25 @@ def pretrain(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> dict:
                    seconds=time.perf_counter() - start, loss_curve=[(step * step_flops, loss) for step, loss in losses],
                    final_loss=losses[-1][1])
     if jax.process_index() == 0:
-        summary_file.write_text(json.dumps(summary))
+        storage.atomic_write(summary_file, json.dumps(summary))
     return summary
 
 
-def run_finetune(config: ml_collections.ConfigDict, workdir: pathlib.Path) -> tuple[dict[str, float], float]:
+def run_finetune(config: ml_collections.ConfigDict, workdir: storage.Path) -> tuple[dict[str, float], float]:
     """One fine-tune's dev scores and wall seconds; a finished run is read back instead of redone."""
     results_file, seconds_file = workdir / "results.json", workdir / "seconds.json"
     if not results_file.exists():
         start = time.perf_counter()
-        finetune.train_and_evaluate(config, str(workdir))
+        if not finetune.train_and_evaluate(config, str(workdir)):  # stopped by a signal, its checkpoint saved
+            raise SystemExit(f"{workdir}: stopped by signal; rerun the same command to continue")
         if jax.process_index() == 0:
-            seconds_file.write_text(json.dumps(time.perf_counter() - start))
-            shutil.rmtree(workdir / "checkpoints", ignore_errors=True)
+            storage.atomic_write(seconds_file, json.dumps(time.perf_counter() - start))
+            (workdir / "checkpoints").rmtree(missing_ok=True)
     return json.loads(results_file.read_text()), json.loads(seconds_file.read_text())
 
 
-def random_init_checkpoint(config: ml_collections.ConfigDict, pretrained_step: pathlib.Path,
-                           path: pathlib.Path) -> pathlib.Path:
+def random_init_checkpoint(config: ml_collections.ConfigDict, pretrained_step: storage.Path,
+                           path: storage.Path) -> storage.Path:
     """The BERT backbone at its random initialisation (seeded like pretraining), with the run's tokenizer."""
     from bert_jax import modeling
     from bert_jax.pretrained import load_pretrained, save_pretrained
@@ -207,7 +209,7 @@ def random_init_checkpoint(config: ml_collections.ConfigDict, pretrained_step: p
     return path
 
 
-def read_jsonl(path: pathlib.Path) -> list[dict]:
+def read_jsonl(path: storage.Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
@@ -306,7 +308,14 @@ def electra_vs_bert(report: dict) -> str:
     return verdict + "."
 
 
-def plot(report: dict, results_dir: pathlib.Path) -> None:
+def save_png(fig, path: storage.Path) -> None:
+    """savefig through the path layer (matplotlib writes local files only), whole or not at all."""
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
+    storage.atomic_write(path, png.getvalue())
+
+
+def plot(report: dict, results_dir: storage.Path) -> None:
     """pretraining_loss.png (one panel per family) and glue_vs_flops.png (one line per model)."""
     import matplotlib
     matplotlib.use("Agg")
@@ -319,7 +328,7 @@ def plot(report: dict, results_dir: pathlib.Path) -> None:
         ax.plot(x, y)
         ax.set(title=name, xlabel="training FLOPs", ylabel="training loss")
     fig.tight_layout()
-    fig.savefig(results_dir / "pretraining_loss.png", dpi=100)
+    save_png(fig, results_dir / "pretraining_loss.png")
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -330,7 +339,7 @@ def plot(report: dict, results_dir: pathlib.Path) -> None:
     ax.set(xlabel="pretraining FLOPs", ylabel="GLUE dev average", title=f"budget {report['budget']['budget']}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(results_dir / "glue_vs_flops.png", dpi=100)
+    save_png(fig, results_dir / "glue_vs_flops.png")
     plt.close(fig)
 
 
@@ -339,15 +348,18 @@ def plot(report: dict, results_dir: pathlib.Path) -> None:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def run(budget_name: str, workdir: pathlib.Path, corpus: str, glue_dir: pathlib.Path, results_dir: pathlib.Path,
-        seed: int = 0) -> dict:
-    """Every stage; returns the report that compare.json holds."""
+def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: storage.PathLike,
+        results_dir: storage.PathLike, seed: int = 0) -> dict:
+    """Every stage; returns the report that compare.json holds. The folders may be local or in a bucket."""
     start = time.perf_counter()
+    workdir, glue_dir, results_dir = map(storage.as_path, (workdir, glue_dir, results_dir))
     budget = config_lib.load_preset("compare", budget_name)
     families = config_lib.FAMILIES
     missing = [glue.get_task(t).name for t in budget.finetune.tasks if not (glue_dir / glue.get_task(t).name).is_dir()]
     if missing:
         raise FileNotFoundError(f"--glue_dir={glue_dir} lacks the task folders {missing}")
+    if jax.process_index() == 0:
+        storage.check_writable(results_dir)  # now, not after hours of training
     train_lib.enable_compilation_cache(str(workdir / "xla_cache"))  # fine-tunes of one shape compile once
     prepared = prepare_corpus(corpus, workdir, families)
     configs = {f: pretraining_config(f, budget, prepared[f], seed) for f in families}
@@ -390,9 +402,8 @@ def run(budget_name: str, workdir: pathlib.Path, corpus: str, glue_dir: pathlib.
               "machine": f"{machine_description()}, JAX on {jax.devices()[0].platform}",
               "command": f"python -m bert_jax.experiments.compare --budget={budget_name} --workdir=DIR"}
     if jax.process_index() == 0:
-        results_dir.mkdir(parents=True, exist_ok=True)
-        (results_dir / "compare.json").write_text(json.dumps(report, indent=1))
-        (results_dir / "compare.md").write_text(markdown(report))
+        storage.atomic_write(results_dir / "compare.json", json.dumps(report, indent=1))
+        storage.atomic_write(results_dir / "compare.md", markdown(report))
         plot(report, results_dir)
     return report
 
@@ -401,9 +412,9 @@ def corpus_summary(prepared: dict[str, str]) -> str:
     """Documents and tokens of the corpus under each tokenizer, from prepare's markers."""
     parts = []
     for path in sorted(set(prepared.values())):
-        counts = [json.loads(p.read_text()) for p in pathlib.Path(path).glob("*.done.json")]
+        counts = [json.loads(p.read_text()) for p in storage.glob(f"{path}/*.done.json")]
         parts.append(f"{sum(c['documents'] for c in counts):,} documents, {sum(c['tokens'] for c in counts):,} "
-                     f"tokens as {pathlib.Path(path).name}")
+                     f"tokens as {storage.as_path(path).name}")
     return "; ".join(parts)
 
 
@@ -414,8 +425,7 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)
     if f.coordinator_address or f.distributed:
         jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
-    report = run(f.budget, pathlib.Path(f.workdir), f.corpus, input_config.resolve_path(f.glue_dir),
-                 pathlib.Path(f.results_dir), f.seed)
+    report = run(f.budget, f.workdir, f.corpus, input_config.resolve_path(f.glue_dir), f.results_dir, f.seed)
     summary = {name: row["points"][-1]["scores"]["glue_average"][0] for name, row in report["rows"].items()}
     print(electra_vs_bert(report))
     print(json.dumps({"budget": f.budget, "glue_average": summary, "minutes": report["seconds"] / 60}))

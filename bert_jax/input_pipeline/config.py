@@ -2,13 +2,16 @@
 
 bert: NSP pairs, static masks (dupe_factor 10); roberta: full-sentence packing, dynamic masks; albert: SOP pairs with
 n-gram masking (n <= 3); electra: dynamic MLM inputs for the generator (85% [MASK], 15% kept), no sentence label.
-Relative paths fall back to the repository root (`resolve_path`), so the tiny presets run from any directory.
+Paths may be local or bucket URLs (gs://...); relative local paths fall back to the repository root
+(`resolve_path`), so the tiny presets run from any directory.
 """
 from __future__ import annotations
 
 import pathlib
 
 import ml_collections
+
+from bert_jax import storage
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE_KINDS = ("nsp_pairs", "sop_pairs", "full_sentences", "doc_sentences")
@@ -63,7 +66,8 @@ def masking_config(family: str) -> ml_collections.ConfigDict:
     ))
 
 
-def resolve_path(path: str) -> pathlib.Path:
-    """A relative path names a file under the working directory if there is one, else under the repository root."""
-    p = pathlib.Path(path).expanduser()
-    return p if p.is_absolute() or p.exists() else REPO_ROOT / p
+def resolve_path(path: storage.PathLike) -> storage.Path:
+    """A bucket URL as it is; a relative local path names a file under the working directory if there is one,
+    else under the repository root."""
+    p = storage.as_path(path)
+    return p if storage.is_remote(p) or p.is_absolute() or p.exists() else storage.as_path(REPO_ROOT) / p

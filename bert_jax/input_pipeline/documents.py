@@ -12,20 +12,23 @@ A shard record is a `tf.train.Example` with `token_ids` (the document's tokens, 
 from __future__ import annotations
 
 import collections
-import glob
-import pathlib
+import io
+import itertools
+import os
 from typing import Iterable, Iterator
 
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from bert_jax import storage
 from bert_jax.input_pipeline import config as config_lib
 
 SKIP_COUNTS = ("empty_files", "invalid_utf8_lines", "one_sentence_documents", "long_documents_split")
 MAX_DOCUMENT_LINES = 10_000
 # How many lines go to the tokenizer at once: large batches let the Rust/C++ tokenizers use their fast paths.
 ENCODE_BATCH_LINES = 8192
+PARSE_BATCH_RECORDS = 1024  # shard records parsed by one tf.io.parse_example call
 
 
 def new_counts() -> collections.Counter:
@@ -33,26 +36,28 @@ def new_counts() -> collections.Counter:
     return collections.Counter({k: 0 for k in ("documents", "sentences", "tokens", *SKIP_COUNTS)})
 
 
-def expand_patterns(patterns: str, key: str) -> list[pathlib.Path]:
-    """Comma-separated globs -> sorted files; a pattern matching nothing is an error naming the config key."""
+def expand_patterns(patterns: str, key: str) -> list[storage.Path]:
+    """Comma-separated globs (local or gs://) -> sorted files; a pattern matching nothing is an error naming the
+    config key. A relative local pattern that matches nothing here is tried under the repository root."""
     files = []
     for pattern in filter(None, (p.strip() for p in patterns.split(","))):
-        matches = sorted(glob.glob(str(pathlib.Path(pattern).expanduser())))
-        if not matches and not pathlib.Path(pattern).is_absolute():
-            matches = sorted(glob.glob(str(config_lib.REPO_ROOT / pattern)))
+        matches = storage.glob(pattern)
+        if not matches and not storage.is_remote(pattern) and not os.path.isabs(os.path.expanduser(pattern)):
+            matches = storage.glob(os.path.join(config_lib.REPO_ROOT, pattern))
         if not matches:
             raise FileNotFoundError(f"{key}: {pattern!r} matches no file")
-        files.extend(pathlib.Path(m) for m in matches)
+        files.extend(matches)
     if not files:
         raise FileNotFoundError(f"{key} is empty: give text files (comma-separated globs)")
     return files
 
 
-def read_documents(path: str | pathlib.Path, counts: collections.Counter) -> Iterator[list[str]]:
-    """Stream the documents of one text file as lists of lines; skips are added to `counts`."""
+def read_documents(path: storage.PathLike, counts: collections.Counter) -> Iterator[list[str]]:
+    """Stream the documents of one text file (local or gs://) as lists of lines; skips are added to `counts`."""
     doc, seen_text = [], False
-    with open(path, "rb") as f:
-        for line_number, raw in enumerate(f, 1):
+    with storage.as_path(path).open("rb") as f:
+        # Buffered here: a bucket file's own line reading copies a whole block for every line.
+        for line_number, raw in enumerate(io.BufferedReader(f, 1 << 20), 1):
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError as e:
@@ -101,14 +106,21 @@ def _tokenize_buffer(buffer, tokenizer, counts):
 def serialize(token_ids: np.ndarray, sentence_lengths: np.ndarray) -> bytes:
     feature = dict(token_ids=tf.train.Feature(int64_list=tf.train.Int64List(value=token_ids)),
                    sentence_lengths=tf.train.Feature(int64_list=tf.train.Int64List(value=sentence_lengths)))
-    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString()
+    # deterministic: protobuf's map order otherwise changes from process to process, and so would the shards.
+    return tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
 
 
-def read_shards(paths: list[pathlib.Path]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """The documents of prepared shards, in order, as `tokenize_documents` yields them."""
+def read_shards(paths: list[storage.PathLike]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The documents of prepared shards (local or gs://), in order, as `tokenize_documents` yields them."""
     spec = {k: tf.io.RaggedFeature(tf.int64) for k in ("token_ids", "sentence_lengths")}
-    records = tf.data.TFRecordDataset([str(p) for p in paths]).batch(1024)
-    for batch in records.map(lambda r: tf.io.parse_example(r, spec)).as_numpy_iterator():
-        tokens, lengths = batch["token_ids"], batch["sentence_lengths"]
-        for i in range(len(tokens)):
-            yield tokens[i].astype(np.int32), lengths[i].astype(np.int32)
+    records = (record for path in paths for record in storage.read_records(path))
+    while batch := list(itertools.islice(records, PARSE_BATCH_RECORDS)):
+        parsed = tf.io.parse_example(tf.constant(batch), spec)
+        tokens, lengths = (_rows(parsed[k]) for k in ("token_ids", "sentence_lengths"))
+        yield from zip(tokens, lengths)
+
+
+def _rows(ragged: tf.RaggedTensor) -> list[np.ndarray]:
+    """The rows of a parsed [batch, None] feature as int32 arrays."""
+    values, splits = ragged.values.numpy().astype(np.int32), ragged.row_splits.numpy()
+    return [values[start:end] for start, end in zip(splits[:-1], splits[1:])]

@@ -7,7 +7,6 @@ e mod dupe_factor for static masking and e for dynamic masking. Resuming at step
 """
 from __future__ import annotations
 
-import pathlib
 from typing import Iterator
 
 import ml_collections
@@ -15,6 +14,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from bert_jax import storage
 from bert_jax.input_pipeline import config as config_lib
 from bert_jax.input_pipeline import documents, examples, masking, tokenizers
 from bert_jax.input_pipeline.randomness import Stream, hash_bits
@@ -54,7 +54,7 @@ def validate(config: ml_collections.ConfigDict, process_count: int) -> None:
             "mask_token_prob and random_token_prob must be >= 0 and sum to at most 1")
 
 
-def host_files(files: list[pathlib.Path], process_index: int, process_count: int, key: str) -> list[pathlib.Path]:
+def host_files(files: list[storage.Path], process_index: int, process_count: int, key: str) -> list[storage.Path]:
     """This host's share of the files: every process_count-th one, starting at process_index."""
     mine = files[process_index::process_count]
     if not mine:
@@ -64,7 +64,8 @@ def host_files(files: list[pathlib.Path], process_index: int, process_count: int
 
 
 def load_documents(data: ml_collections.ConfigDict, tokenizer, process_index: int, process_count: int, counts):
-    """This host's documents, from prepared shards or by tokenizing text files now (skips added to `counts`)."""
+    """This host's documents, from prepared shards or by tokenizing text files now (skips added to `counts`); both
+    may be local or in a bucket."""
     if data.prepared_dir:
         directory = config_lib.resolve_path(data.prepared_dir)
         shards = sorted(directory.glob("*.tfrecord"))

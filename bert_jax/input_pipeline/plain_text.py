@@ -8,15 +8,17 @@ is turned into documents and sentences the way data/SOURCES.md describes for the
     is itself dropped, so documents are chapters or articles; WikiText's " = = Section = = " only ends a paragraph;
   - the lines of a paragraph (blank lines separate paragraphs) are joined and whitespace collapsed;
   - paragraphs are split into sentences at whitespace after . ! ? " ' ) and before a capital, a quote or "(".
-The words are unchanged. Each input FILE becomes DIR/FILE's name.
+The words are unchanged. Each input FILE becomes DIR/FILE's name; FILES and DIR may be local or gs://.
 """
 from __future__ import annotations
 
-import pathlib
+import io
 import re
 from typing import Iterable, Iterator
 
 from absl import app, flags
+
+from bert_jax import storage
 
 HEADING = re.compile(r"^(?:(?:CHAPTER|Chapter|BOOK|Book)\s+(?:\d+|[IVXLC]+)\b\.?.{0,60}|[IVXLC]+\. .{1,60}"
                      r"|= [^=].* =)$")
@@ -52,23 +54,23 @@ def documents(lines: Iterable[str]) -> Iterator[list[str]]:
         yield document
 
 
-def convert_file(source: pathlib.Path, target: pathlib.Path) -> int:
+def convert_file(source: storage.PathLike, target: storage.PathLike) -> int:
     """Write `source` in the pipeline's format to `target`; returns the number of documents."""
-    with open(source, encoding="utf-8", errors="replace") as f:
-        docs = list(documents(f))
-    target.write_text("\n\n".join("\n".join(doc) for doc in docs) + "\n", encoding="utf-8")
+    with storage.as_path(source).open("rb") as f:
+        docs = list(documents(io.TextIOWrapper(f, encoding="utf-8", errors="replace")))
+    storage.atomic_write(target, "\n\n".join("\n".join(doc) for doc in docs) + "\n")
     return len(docs)
 
 
-def convert_files(sources: Iterable[pathlib.Path], output: pathlib.Path) -> list[pathlib.Path]:
+def convert_files(sources: Iterable[storage.PathLike], output: storage.PathLike) -> list[storage.Path]:
     """Convert every file into `output` (created); returns the written paths. Two sources of one name are an error."""
-    output.mkdir(parents=True, exist_ok=True)
+    output = storage.make_dirs(output)
     written = []
     for source in sources:
-        target = output / pathlib.Path(source).name
+        target = output / storage.as_path(source).name
         if target in written:
             raise ValueError(f"two input files are named {target.name}; rename one, outputs go to one folder")
-        convert_file(pathlib.Path(source), target)
+        convert_file(source, target)
         written.append(target)
     return written
 
@@ -76,7 +78,7 @@ def convert_files(sources: Iterable[pathlib.Path], output: pathlib.Path) -> list
 def main(argv: list[str]) -> None:
     if len(argv) < 2:
         raise app.UsageError("give the text files to convert")
-    for path in convert_files(map(pathlib.Path, argv[1:]), pathlib.Path(flags.FLAGS.output)):
+    for path in convert_files(argv[1:], flags.FLAGS.output):
         print(path)
 
 

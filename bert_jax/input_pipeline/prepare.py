@@ -3,10 +3,11 @@
     python -m bert_jax.input_pipeline.prepare --tokenizer=data/bert-base-uncased/vocab.txt --output=DIR FILES...
     python -m bert_jax.input_pipeline.prepare --tokenizer=PATH --output=DIR --tfds=wikipedia/20230601.en
 
-Work is split into units (one per input file, or `--tfds_units` even slices of a TFDS split); worker processes
-take units, and unit k writes shards `k-PART.tfrecord` of at most --docs_per_shard documents, then a marker
-`k.done.json` holding its counts. A rerun skips units with a marker and redoes the others from scratch, so an
-interrupted run resumes and never leaves a half-written shard behind (shards are written as *.tmp and renamed).
+Inputs, tokenizer and DIR may be local paths or bucket URLs (gs://...). Work is split into units (one per input
+file, or `--tfds_units` even slices of a TFDS split); worker processes take units, and unit k writes shards
+`k-PART.tfrecord` of at most --docs_per_shard documents, then a marker `k.done.json` holding its counts. A rerun
+skips units with a marker and redoes the others from scratch, so an interrupted run resumes and never leaves a
+half-written shard behind (each file is written beside its name and renamed when whole).
 Several machines can share the work with --process_index/--process_count. Memory per worker stays bounded: text is
 read line by line and tokenized ENCODE_BATCH_LINES lines at a time. Skipped input is counted in the summary
 (see `documents`). The pipeline then reads DIR via `config.data.prepared_dir=DIR`.
@@ -14,16 +15,16 @@ read line by line and tokenized ENCODE_BATCH_LINES lines at a time. Skipped inpu
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import multiprocessing
 import os
-import pathlib
 import sys
 
-import tensorflow as tf
 import tqdm
 from absl import app, flags
 
+from bert_jax import storage
 from bert_jax.input_pipeline import documents, tokenizers
 
 FLAGS = flags.FLAGS
@@ -64,50 +65,42 @@ def read_tfds_documents(unit: dict, counts: collections.Counter):
 
 def prepare_unit(unit: dict) -> dict:
     """Tokenize one unit into its shards; returns its counts (read back from the marker if it was done before)."""
-    output = pathlib.Path(unit["output"])
-    marker = output / f"{unit['id']:05d}.done.json"
+    output, prefix = storage.as_path(unit["output"]), f"{unit['id']:05d}"
+    marker = output / f"{prefix}.done.json"
     if marker.exists():
         return json.loads(marker.read_text())
-    for stale in output.glob(f"{unit['id']:05d}-*"):
+    for stale in (*output.glob(f"{prefix}-*"), *output.glob(f".{prefix}-*")):  # .NAME.tmp-PID: a killed writer's
         stale.unlink()
     tokenizer = tokenizers.load_tokenizer(unit["tokenizer_kind"], unit["tokenizer"], unit["lowercase"])
     counts = documents.new_counts()
     docs = (read_tfds_documents(unit, counts) if unit.get("name")
             else documents.read_documents(unit["path"], counts))
-    parts, writer, in_part = [], None, 0
-    for token_ids, sentence_lengths in documents.tokenize_documents(docs, tokenizer, counts):
-        if writer is None or in_part == unit["docs_per_shard"]:
-            if writer:
-                writer.close()
-            parts.append(output / f"{unit['id']:05d}-{len(parts):04d}.tfrecord")
-            writer, in_part = tf.io.TFRecordWriter(f"{parts[-1]}.tmp"), 0
-        writer.write(documents.serialize(token_ids, sentence_lengths))
-        in_part += 1
-    if writer:
-        writer.close()
-    for part in parts:
-        os.replace(f"{part}.tmp", part)
-    result = dict(counts, shards=len(parts), source=str(unit.get("path") or unit.get("name")))
-    tmp = marker.with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, marker)
+    records = (documents.serialize(*doc) for doc in documents.tokenize_documents(docs, tokenizer, counts))
+    shards = 0
+    for first in records:  # each shard takes its first record and up to docs_per_shard - 1 more from the stream
+        storage.write_records(output / f"{prefix}-{shards:04d}.tfrecord",
+                              itertools.chain([first], itertools.islice(records, unit["docs_per_shard"] - 1)))
+        shards += 1
+    result = dict(counts, shards=shards, source=str(unit.get("path") or unit.get("name")))
+    storage.atomic_write(marker, json.dumps(result))
     return result
 
 
-def work_units(inputs: list[str], output: pathlib.Path, tokenizer: str, tokenizer_kind: str, lowercase: bool,
+def work_units(inputs: list[str], output: storage.PathLike, tokenizer: str, tokenizer_kind: str, lowercase: bool,
                docs_per_shard: int, tfds: dict | None) -> list[dict]:
-    """All units of the job, numbered the same on every machine; creates the output folder."""
+    """All units of the job, numbered the same on every machine; creates the output folder and checks that it can
+    be written (a missing bucket or permission fails here, once, not in every worker)."""
     common = dict(output=str(output), tokenizer=tokenizer, tokenizer_kind=tokenizer_kind, lowercase=lowercase,
                   docs_per_shard=docs_per_shard)
     if tfds:
         tfds_builder(tfds["name"], tfds["data_dir"])  # fail now, not in a worker
         units = [dict(common, id=i, index=i, **tfds) for i in range(tfds["count"])]
     else:
-        missing = [f for f in inputs if not pathlib.Path(f).is_file()]
+        missing = [f for f in inputs if not storage.as_path(f).is_file()]
         if not inputs or missing:
             raise PrepareError(f"input files not found: {missing or 'none given'}")
         units = [dict(common, id=i, path=str(f)) for i, f in enumerate(inputs)]
-    output.mkdir(parents=True, exist_ok=True)
+    storage.check_writable(output)
     return units
 
 
@@ -139,18 +132,27 @@ def main(argv):
     for name in ("tokenizer", "output"):
         if FLAGS[name].value is None:
             raise app.UsageError(f"--{name} is required")
+    try:
+        prepare_from_flags(argv[1:])
+    except (PrepareError, tokenizers.TokenizerError, storage.StorageError) as e:
+        raise SystemExit(f"error: {e}") from None
+
+
+def prepare_from_flags(inputs: list[str]) -> None:
+    """The command: check the tokenizer and output, prepare this machine's units, write its summary."""
     kind = FLAGS.tokenizer_kind or tokenizers.infer_kind(FLAGS.tokenizer)
     tokenizers.load_tokenizer(kind, FLAGS.tokenizer, FLAGS.lowercase)  # a bad vocabulary fails before any work
-    output = pathlib.Path(FLAGS.output)
+    tokenizer = storage.as_path(FLAGS.tokenizer)
+    tokenizer = tokenizer if storage.is_remote(tokenizer) else tokenizer.resolve()  # units carry it absolute
+    output = storage.as_path(FLAGS.output)
     tfds = FLAGS.tfds and dict(name=FLAGS.tfds, split=FLAGS.tfds_split, data_dir=FLAGS.tfds_data_dir,
                                text_key=FLAGS.tfds_text_key, count=FLAGS.tfds_units)
-    units = work_units(argv[1:], output, str(pathlib.Path(FLAGS.tokenizer).resolve()), kind, FLAGS.lowercase,
-                       FLAGS.docs_per_shard, tfds or None)
+    units = work_units(inputs, output, str(tokenizer), kind, FLAGS.lowercase, FLAGS.docs_per_shard, tfds or None)
     totals = prepare(units, FLAGS.num_workers, FLAGS.process_index, FLAGS.process_count)
     if FLAGS.process_count == 1 and not totals.get("documents"):
         raise PrepareError(f"no usable documents in the inputs (counts: {totals}); the text format is one sentence "
                            "per line with a blank line between documents of at least two sentences")
-    (output / f"summary-{FLAGS.process_index:03d}.json").write_text(json.dumps(totals, indent=1))
+    storage.atomic_write(output / f"summary-{FLAGS.process_index:03d}.json", json.dumps(totals, indent=1))
     print("summary: " + ", ".join(f"{k}={v}" for k, v in totals.items()))
 
 
@@ -159,7 +161,7 @@ def define_flags():
     flags.DEFINE_string("tokenizer", None, "A vocab.txt (wordpiece), a .model (sentencepiece) or a bpe folder.")
     flags.DEFINE_enum("tokenizer_kind", None, tokenizers.KINDS, "Tokenizer kind; by default from the path's name.")
     flags.DEFINE_bool("lowercase", True, "Wordpiece only: lowercase text (uncased vocabularies).")
-    flags.DEFINE_string("output", None, "Folder for the shards (created; a rerun resumes in it).")
+    flags.DEFINE_string("output", None, "Folder for the shards, local or gs:// (created; a rerun resumes in it).")
     flags.DEFINE_integer("num_workers", max(1, (os.cpu_count() or 1)), "Worker processes on this machine.")
     flags.DEFINE_integer("docs_per_shard", 50_000, "Documents per output shard.")
     flags.DEFINE_integer("process_index", 0, "This machine's index when several share the work.")

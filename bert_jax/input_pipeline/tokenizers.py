@@ -3,16 +3,20 @@
 WordPiece (BERT, ELECTRA) is the HF `tokenizers` pipeline that BertTokenizerFast runs, so ids match it exactly;
 SentencePiece (ALBERT) wraps `sentencepiece`; byte-level BPE (RoBERTa) is `tokenizers`' ByteLevelBPE. The pipeline
 only needs `encode_batch`, the five special ids and `word_start_table` (for whole-word and n-gram masking in the graph).
+Tokenizer files may be local or in a bucket (gs://...): bert_jax reads them and hands the libraries bytes or a
+local copy.
 """
 from __future__ import annotations
 
 import dataclasses
-import pathlib
+import os
 
 import numpy as np
 import sentencepiece
 import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
+
+from bert_jax import storage
 
 KINDS = ("wordpiece", "sentencepiece", "bpe")
 # Special tokens per kind, in the id order train_tokenizer gives them (roles: pad, unk, cls, sep, mask).
@@ -40,7 +44,7 @@ class Tokenizer:
     """Common interface; subclasses wrap one library each."""
 
     kind: str
-    path: pathlib.Path
+    path: storage.Path
     vocab_size: int
     special: SpecialIds
 
@@ -80,7 +84,7 @@ class Tokenizer:
 class _HFTokenizer(Tokenizer):
     """WordPiece and byte-level BPE: both are `tokenizers.Tokenizer` pipelines."""
 
-    def __init__(self, kind: str, path: pathlib.Path, backend: tokenizers.Tokenizer):
+    def __init__(self, kind: str, path: storage.Path, backend: tokenizers.Tokenizer):
         self.kind, self.path, self._backend = kind, path, backend
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         self.special = self._special_ids(backend.token_to_id)
@@ -98,7 +102,7 @@ class _HFTokenizer(Tokenizer):
 class WordPieceTokenizer(_HFTokenizer):
     """BERT's uncased (or cased) WordPiece, built the way BertTokenizerFast builds it from a vocab.txt."""
 
-    def __init__(self, vocab_file: pathlib.Path, lowercase: bool = True):
+    def __init__(self, vocab_file: storage.Path, lowercase: bool = True):
         vocab = _read_wordpiece_vocab(vocab_file)
         backend = tokenizers.Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", max_input_chars_per_word=100))
         backend.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
@@ -114,13 +118,15 @@ class WordPieceTokenizer(_HFTokenizer):
 class ByteLevelBPETokenizer(_HFTokenizer):
     """RoBERTa's byte-level BPE. Every line gets a prefix space, so its first word is spelled like any other word."""
 
-    def __init__(self, directory: pathlib.Path):
-        vocab, merges = directory / "vocab.json", directory / "merges.txt"
-        for f in (vocab, merges):
+    def __init__(self, directory: storage.Path):
+        files = [directory / "vocab.json", directory / "merges.txt"]
+        for f in files:
             if not f.exists():
                 raise TokenizerError(f"{f} not found: a byte-level BPE tokenizer is a folder with vocab.json and "
                                      "merges.txt")
-        backend = tokenizers.ByteLevelBPETokenizer(str(vocab), str(merges), add_prefix_space=True)
+        with storage.local_copy(files) as folder:  # the library reads these two files from local paths only
+            vocab, merges = (os.path.join(folder, f.name) for f in files)
+            backend = tokenizers.ByteLevelBPETokenizer(vocab, merges, add_prefix_space=True)
         super().__init__("bpe", directory, backend)
 
     def is_word_start(self, token):
@@ -130,10 +136,10 @@ class ByteLevelBPETokenizer(_HFTokenizer):
 class SentencePieceTokenizer(Tokenizer):
     """ALBERT's sentencepiece model; case folding, if any, is part of the model's normalizer."""
 
-    def __init__(self, model_file: pathlib.Path):
+    def __init__(self, model_file: storage.Path):
         self.kind, self.path = "sentencepiece", model_file
         try:
-            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(model_file))
+            self._sp = sentencepiece.SentencePieceProcessor(model_proto=model_file.read_bytes())
         except (OSError, RuntimeError) as e:
             raise TokenizerError(f"{model_file}: not a sentencepiece model ({e})") from e
         self.vocab_size = self._sp.get_piece_size()
@@ -156,9 +162,9 @@ class SentencePieceTokenizer(Tokenizer):
         return token.startswith("\u2581")  # '▁', sentencepiece's word-boundary mark
 
 
-def load_tokenizer(kind: str, path: str | pathlib.Path, lowercase: bool = True) -> Tokenizer:
+def load_tokenizer(kind: str, path: storage.PathLike, lowercase: bool = True) -> Tokenizer:
     """Open a tokenizer: a vocab.txt (wordpiece), a .model (sentencepiece) or a vocab.json+merges.txt folder (bpe)."""
-    path = pathlib.Path(path)
+    path = storage.as_path(path)
     if kind not in KINDS:
         raise TokenizerError(f"unknown tokenizer kind {kind!r}; choose one of {KINDS}")
     if not path.exists():
@@ -170,11 +176,11 @@ def load_tokenizer(kind: str, path: str | pathlib.Path, lowercase: bool = True) 
     return ByteLevelBPETokenizer(path if path.is_dir() else path.parent)
 
 
-def load_tokenizer_json(file: str | pathlib.Path) -> Tokenizer:
+def load_tokenizer_json(file: storage.PathLike) -> Tokenizer:
     """An HF tokenizer.json, as model folders ship it, behind the same interface (without padding or truncation,
     which callers do per batch)."""
-    file = pathlib.Path(file)
-    backend = tokenizers.Tokenizer.from_file(str(file))
+    file = storage.as_path(file)
+    backend = tokenizers.Tokenizer.from_str(file.read_text(encoding="utf-8"))
     backend.no_padding()
     backend.no_truncation()
     kind = {"WordPiece": "wordpiece", "BPE": "bpe", "Unigram": "sentencepiece"}.get(type(backend.model).__name__)
@@ -183,9 +189,9 @@ def load_tokenizer_json(file: str | pathlib.Path) -> Tokenizer:
     return _HFTokenizer(kind, file, backend)
 
 
-def infer_kind(path: str | pathlib.Path) -> str:
+def infer_kind(path: storage.PathLike) -> str:
     """The tokenizer kind a path holds, from its name: *.txt wordpiece, *.model sentencepiece, a folder bpe."""
-    path = pathlib.Path(path)
+    path = storage.as_path(path)
     if path.is_dir() or path.name in ("vocab.json", "merges.txt"):
         return "bpe"
     if path.suffix == ".model":
@@ -196,10 +202,10 @@ def infer_kind(path: str | pathlib.Path) -> str:
                          "with vocab.json and merges.txt")
 
 
-def _read_wordpiece_vocab(vocab_file: pathlib.Path) -> dict[str, int]:
+def _read_wordpiece_vocab(vocab_file: storage.Path) -> dict[str, int]:
     """One token per line, id = line number (BERT's format)."""
     vocab = {}
-    with open(vocab_file, encoding="utf-8") as f:
+    with vocab_file.open(encoding="utf-8") as f:
         for i, line in enumerate(f):
             vocab.setdefault(line.rstrip("\n"), i)
     if not vocab:

@@ -24,6 +24,7 @@ def finetune_config(task: str, max_seq_length: int, batch_size: int, learning_ra
         seed=0,
         log_every_steps=50,
         checkpoint_every_steps=1000,
+        checkpoint_every_secs=600,  # also save when this many seconds passed since the last save (0: off)
         keep_checkpoints=1,
         mesh=dict(data=-1, fsdp=1, tensor=1),
         optimizer=dict(

@@ -8,10 +8,12 @@ that names it, the counts and the first offending line.
 from __future__ import annotations
 
 import dataclasses
+import io
 import logging
-import pathlib
 
 import numpy as np
+
+from bert_jax import storage
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,13 +85,15 @@ def parse_label(task: Task, text: str):
     return task.labels.index(text) if text in task.labels else None
 
 
-def read_tsv(task: Task, path: pathlib.Path, labelled: bool = True) -> Split:
-    """One GLUE TSV; rows with the wrong column count or an unknown label are skipped and reported."""
+def read_tsv(task: Task, path: storage.PathLike, labelled: bool = True) -> Split:
+    """One GLUE TSV, local or in a bucket; rows with the wrong column count or an unknown label are skipped and
+    reported."""
+    path = storage.as_path(path)
     if not path.exists():
         raise GlueDataError(f"{path} not found; pass the folder holding the GLUE {task.name} TSVs as "
                             "--config.data_dir (download_glue_data.py layout)")
     # QUOTE_NONE semantics: GLUE text holds unbalanced quotes, so split on tabs only. MRPC starts with a BOM.
-    with open(path, encoding="utf-8-sig") as f:
+    with io.TextIOWrapper(path.open("rb"), encoding="utf-8-sig") as f:
         lines = [line.rstrip("\r\n") for line in f]
     has_header = task.header or not labelled
     num_columns = len(lines[0].split("\t")) if has_header else task.num_columns
@@ -138,7 +142,7 @@ def load_split(task: Task, split: str, data_dir: str = "", tfds_data_dir: str | 
     """`split` in train | dev | test; dev and test are lists (MNLI has matched and mismatched)."""
     names = {"train": ("train",), "dev": task.dev_files, "test": task.test_files}[split]
     if data_dir:
-        return [read_tsv(task, pathlib.Path(data_dir) / f"{name}.tsv", labelled=split != "test") for name in names]
+        return [read_tsv(task, storage.as_path(data_dir) / f"{name}.tsv", labelled=split != "test") for name in names]
     tfds_splits = {"train": ("train",), "dev": task.tfds_dev_splits,
                    "test": tuple(s.replace("validation", "test") for s in task.tfds_dev_splits)}[split]
     return [read_tfds(task, s, tfds_data_dir) for s in tfds_splits]
@@ -148,11 +152,9 @@ def submission_names(task: Task) -> tuple[str, ...]:
     return task.submission_names or (task.name,)
 
 
-def write_submission(task: Task, predictions: np.ndarray, path: pathlib.Path) -> None:
+def write_submission(task: Task, predictions: np.ndarray, path: storage.PathLike) -> None:
     """GLUE's format: a header "index\\tprediction", then one row per example in file order (label strings, or
-    the STS-B score clipped to [0, 5])."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write("index\tprediction\n")
-        for i, p in enumerate(predictions):
-            value = f"{float(np.clip(p, 0.0, 5.0)):.3f}" if task.labels is None else task.labels[int(p)]
-            f.write(f"{i}\t{value}\n")
+    the STS-B score clipped to [0, 5]). Written whole (storage.atomic_write), local or in a bucket."""
+    values = (f"{float(np.clip(p, 0.0, 5.0)):.3f}" if task.labels is None else task.labels[int(p)]
+              for p in predictions)
+    storage.atomic_write(path, "index\tprediction\n" + "".join(f"{i}\t{v}\n" for i, v in enumerate(values)))

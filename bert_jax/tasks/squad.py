@@ -13,11 +13,11 @@ import collections
 import dataclasses
 import json
 import logging
-import pathlib
 import unicodedata
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.tasks.text import pack, pad_rows, special_count
 
 
@@ -35,10 +35,11 @@ class SquadDataError(ValueError):
     """A file that is not SQuAD JSON; the message names it."""
 
 
-def read_squad(path: str | pathlib.Path, training: bool) -> list[Example]:
-    """Questions in file order. An answer whose text is not at its answer_start (nor anywhere in the context) is
-    counted; in training its question is skipped, in evaluation it is kept (the scorer reads the gold texts)."""
-    path = pathlib.Path(path)
+def read_squad(path: storage.PathLike, training: bool) -> list[Example]:
+    """Questions in file order (the file local or in a bucket). An answer whose text is not at its answer_start (nor
+    anywhere in the context) is counted; in training its question is skipped, in evaluation it is kept (the scorer
+    reads the gold texts)."""
+    path = storage.as_path(path)
     try:
         articles = json.loads(path.read_text(encoding="utf-8"))["data"]
     except (OSError, ValueError, KeyError, TypeError) as e:
