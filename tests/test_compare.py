@@ -49,7 +49,7 @@ def test_unknown_budget_and_missing_glue_are_named(tmp_path):
 
 def test_stages_read_and_write_their_files_in_a_bucket(bucket_dir):
     """The path functions of compare with gs:// folders (the experiment itself runs locally, below)."""
-    work = storage.as_path(bucket_dir) / "work"
+    work = storage.as_path(bucket_dir) / "experiment"
     # Finished stages are read back from the bucket, not redone (config None: nothing may run).
     run_dir = work / "finetune" / "bert" / "4" / "rte" / "seed0"
     (run_dir / "results.json").write_text(json.dumps({"dev_accuracy": 0.5}))
@@ -60,13 +60,13 @@ def test_stages_read_and_write_their_files_in_a_bucket(bucket_dir):
     (work / "metrics.jsonl").write_text('{"step": 1, "loss": 2.0}\n\n{"step": 2, "loss": 1.0}\n')
     assert compare.read_jsonl(work / "metrics.jsonl") == [{"step": 1, "loss": 2.0}, {"step": 2, "loss": 1.0}]
     prepared = compare.prepared_dir(work, "wordpiece", pathlib.Path("vocab.txt"))
-    assert str(prepared) == f"{bucket_dir}/work/corpus/wordpiece-vocab.txt"
+    assert str(prepared) == f"{bucket_dir}/experiment/corpus/wordpiece-vocab.txt"
     for i in range(2):
         (prepared / f"{i:05d}.done.json").write_text(json.dumps({"documents": 3, "tokens": 100}))
     assert compare.corpus_summary({"bert": str(prepared)}) == "6 documents, 200 tokens as wordpiece-vocab.txt"
     budget = config_lib.load_preset("compare", "test")
     config = compare.finetune_config("rte", work / "init", 0, budget, storage.as_path(bucket_dir) / "glue")
-    assert (config.init, config.data_dir) == (f"{bucket_dir}/work/init", f"{bucket_dir}/glue/RTE")
+    assert (config.init, config.data_dir) == (f"{bucket_dir}/experiment/init", f"{bucket_dir}/glue/RTE")
 
     from matplotlib import pyplot as plt
     fig = plt.figure()
