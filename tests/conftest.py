@@ -6,7 +6,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # google-auth (under gcsfs) looks for a GCE metadata server when no credentials are configured: keep that lookup on
 # this machine's loopback (a closed port) instead of the link-local metadata address. Read at import, so set first.
-for _key, _value in (("NO_GCE_CHECK", "true"), ("GCE_METADATA_HOST", "127.0.0.1:9"), ("GCE_METADATA_IP", "127.0.0.1:9")):
+# gcsfs decides at import whether to ask a gRPC control plane for bucket layouts, which the test server lacks
+# (tests/gcs_server.py).
+for _key, _value in (("NO_GCE_CHECK", "true"), ("GCE_METADATA_HOST", "127.0.0.1:9"), ("GCE_METADATA_IP", "127.0.0.1:9"),
+                     ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")):
     os.environ.setdefault(_key, _value)
 
 import jax  # noqa: E402

@@ -45,8 +45,12 @@ class GcsServer:
                 time.sleep(0.1)
 
     def env(self) -> dict[str, str]:
-        """What a process needs to reach this server instead of Google's."""
-        return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url, "EPATH_USE_TF": "false"}
+        """What a process needs to reach this server instead of Google's: anonymously (the server checks no
+        credentials, and without a token gcsfs first asks google-auth, which warns on every try) and over the JSON
+        API alone (the server has no gRPC storage-control service, which gcsfs >= 2026.10 asks for each bucket's
+        layout unless GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT is false; gcsfs reads that at import)."""
+        return {"STORAGE_EMULATOR_HOST": self.url, "TENSORSTORE_GCS_HTTP_URL": self.url, "EPATH_USE_TF": "false",
+                "FSSPEC_GS_TOKEN": "anon", "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false"}
 
     def stop(self) -> None:
         self.process.terminate()
@@ -58,7 +62,10 @@ class GcsServer:
 
 def use(server: GcsServer) -> None:
     """Point this process's clients at `server` (before their first bucket access)."""
+    import fsspec.config
+
     os.environ.update(server.env())
+    fsspec.config.set_conf_env(fsspec.config.conf)  # fsspec read the environment when it was imported
 
 
 def serve(port: int, bucket: str) -> None:
