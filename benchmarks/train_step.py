@@ -28,7 +28,7 @@ from bert_jax.config_lib import generator_config  # noqa: E402
 from bert_jax.modeling import pretraining_model  # noqa: E402
 
 MODELS = {"bert-base": ("bert", "base"), "roberta-base": ("roberta", "base"), "albert-base": ("albert", "base"),
-          "electra-small": ("electra", "small")}
+          "electra-small": ("electra", "small"), "bert-large": ("bert", "large"), "bert-tiny": ("bert", "tiny")}
 HF_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
            "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
            "layer_norm_eps", "embedding_size", "num_hidden_groups", "pad_token_id")
