@@ -77,7 +77,8 @@ def main():
     finally:
         if server:
             server.stop()
-    print(f"{FLAGS.model}: {count_params(boxed['params']) / 1e6:.1f}M parameters, state {state_bytes / 1e9:.2f} GB; "
+    millions = count_params(boxed["params"], config.model) / 1e6
+    print(f"{FLAGS.model}: {millions:.1f}M parameters, state {state_bytes / 1e9:.2f} GB; "
           f"{'bucket on a local GCS emulator' if FLAGS.emulator else workdir}: the loop waits {blocked:.2f} s, "
           f"the save commits after {total:.2f} s ({state_bytes / total / 1e6:.0f} MB/s)")
     print(json.dumps({"model": FLAGS.model, "state_bytes": state_bytes, "target": "emulator" if FLAGS.emulator

@@ -1,7 +1,8 @@
 """`make bench`: run the CPU benchmarks one after another and write benchmarks/RESULTS.md.
 
 Each benchmark is a script whose last printed line is JSON; this collects those lines with the date and the machine,
-keeps any GPU-check section already in RESULTS.md, and prints one JSON line of everything at the end.
+keeps the sections already in RESULTS.md that other scripts' figures fill ("## Sharding", "## Device check"), and
+prints one JSON line of everything at the end.
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from bert_jax.metrics_writer import machine_description
 
 HERE = pathlib.Path(__file__).resolve().parent
 RESULTS = HERE / "RESULTS.md"
-GPU_SECTION = "## GPU check"
+KEPT_FROM = "\n## "
+DEVICE_SECTION = "## Device check"
 BENCHMARKS = {
     "input_pipeline": ["input_pipeline.py"],
     "train_step bert-base": ["train_step.py", "--model=bert-base", "--batch=8", "--seq=128"],
@@ -32,10 +34,12 @@ def run(script_and_args: list[str]) -> dict:
     return json.loads(completed.stdout.strip().splitlines()[-1])
 
 
-def previous_gpu_section() -> str:
+def kept_sections() -> str:
+    """Everything from the first "## " heading on: sections written by hand from scripts make bench does not run."""
     text = RESULTS.read_text() if RESULTS.exists() else ""
-    return text[text.index(GPU_SECTION):] if GPU_SECTION in text else (
-        f"{GPU_SECTION}\n\nNot run yet: `bash benchmarks/gpu_check.sh` on a machine with an NVIDIA GPU.\n")
+    return text[text.index(KEPT_FROM):].lstrip("\n") if KEPT_FROM in text else (
+        f"{DEVICE_SECTION}\n\nNot run yet: `python benchmarks/device_check.py --out=FILE.json` on one accelerator "
+        "(docs/device_check.md).\n")
 
 
 def markdown(results: dict) -> str:
@@ -44,7 +48,7 @@ def markdown(results: dict) -> str:
     for name, figures in results.items():
         shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items())
         lines.append(f"| {name} | {shown} |")
-    return "\n".join(lines) + "\n\n" + previous_gpu_section()
+    return "\n".join(lines) + "\n\n" + kept_sections()
 
 
 def main() -> None:

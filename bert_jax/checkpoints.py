@@ -36,9 +36,13 @@ class WorkdirError(OSError):
 
 
 def model_identity(config_dict: dict) -> dict:
-    """What must match for a checkpoint to resume: the objective and the architecture."""
-    model = {k: v for k, v in config_dict["model"].items() if k not in EXECUTION_KEYS}
-    return {"objective": config_dict["objective"], "model": model}
+    """What must match for a checkpoint to resume: the objective and the architecture. Model keys added after a
+    checkpoint was written (e.g. param_dtype) take their defaults, so older workdirs still resume."""
+    from bert_jax.config_lib import model_config
+
+    model = {**model_config(config_dict["model"]["family"]).to_dict(), **config_dict["model"]}
+    return {"objective": config_dict["objective"],
+            "model": {k: v for k, v in model.items() if k not in EXECUTION_KEYS}}
 
 
 def differences(a, b, prefix="") -> list[str]:
@@ -117,7 +121,9 @@ def checkpoint_manager(workdir: str | os.PathLike, keep: int) -> ocp.CheckpointM
                                            cleanup_tmp_directories=True)
     workdir = storage.as_path(workdir)
     return ocp.CheckpointManager((workdir if storage.is_remote(workdir) else workdir.absolute()) / CHECKPOINT_DIR,
-                                 options=options, item_names=("params", "train_state"))
+                                 options=options, item_names=("params", "train_state"),
+                                 item_handlers={name: ocp.StandardCheckpointHandler()
+                                                for name in ("params", "train_state")})
 
 
 def split_state(state: dict) -> tuple[dict, dict]:
@@ -133,11 +139,49 @@ def save(manager: ocp.CheckpointManager, step: int, state: dict) -> None:
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict) -> dict:
-    """The state at `step`, each leaf placed as its ShapeDtypeStruct's sharding says."""
-    params, train_state = split_state(abstract_state)
+    """The state at `step`, each leaf placed as its ShapeDtypeStruct's sharding says. A checkpoint written before
+    the model padded its vocabulary resumes too: its vocabulary tensors (parameters and optimizer moments) grow
+    with zero rows, which the padded logits never use."""
+    rows = stored_vocab_rows(manager.item_metadata(step)["params"].tree)
+    target = unpadded_vocab_target(abstract_state, rows)
+    params, train_state = split_state(target)
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(params),
                                                              train_state=ocp.args.StandardRestore(train_state)))
-    return {"params": restored["params"], **restored["train_state"]}
+    state = {"params": restored["params"], **restored["train_state"]}
+    return state if target is abstract_state else jax.device_put(pad_vocab_rows(state, abstract_state),
+                                                                 jax.tree.map(lambda a: a.sharding, abstract_state))
+
+
+def stored_vocab_rows(stored_params) -> int | None:
+    """Rows of the word-embedding table in a checkpoint's parameter metadata (None if it has none)."""
+    from flax import traverse_util
+
+    for path, leaf in traverse_util.flatten_dict(stored_params).items():
+        if path[-2:] == ("word_embeddings", "embedding"):
+            return leaf.shape[0]
+    return None
+
+
+def unpadded_vocab_target(target, rows: int | None):
+    """`target`, with its vocabulary tensors at `rows` rows on the CPU where the model has more (a checkpoint from
+    before the vocabulary padding); `target` itself when the rows agree."""
+    from bert_jax.modeling.transformer import map_vocab_params
+
+    if rows is None or True not in jax.tree.leaves(map_vocab_params(target, lambda leaf: leaf.shape[0] > rows)):
+        return target
+    cpu = jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+    return map_vocab_params(target, lambda leaf: jax.ShapeDtypeStruct((rows, *leaf.shape[1:]), leaf.dtype,
+                                                                      sharding=cpu))
+
+
+def pad_vocab_rows(tree, target):
+    """Leaves of `tree` with fewer rows than `target`'s (what unpadded_vocab_target shrank) grown with zero rows."""
+    def grow(x, wanted):
+        if x.shape == wanted.shape:
+            return x
+        return np.pad(np.asarray(x), [(0, wanted.shape[0] - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+
+    return jax.tree.map(grow, tree, target)
 
 
 def abstract_tree(tree, shardings):

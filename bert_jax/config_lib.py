@@ -16,7 +16,9 @@ FAMILIES = ("bert", "roberta", "albert", "electra")
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "tanh")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 DTYPES = ("float32", "bfloat16")
-ATTENTION_IMPLS = ("auto", "xla", "cudnn")
+# "reference": Flax's attention, which materialises the probabilities and is the only one with attention dropout;
+# the others name a fused jax.nn.dot_product_attention kernel ("auto": cuDNN flash attention on GPU, XLA elsewhere).
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "reference")
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -48,11 +50,14 @@ def model_config(family: str, **sizes) -> ml_collections.ConfigDict:
             # RoBERTa numbers positions from pad_token_id + 1 and skips padding, as fairseq does.
             pad_token_id=0,
             pooler=True,
+            # Dtype of the stored parameters: the master weights the optimizer updates (its moments follow them).
+            param_dtype="float32",
             # Execution switches (none changes the parameters' values).
-            dtype="float32",
+            dtype="float32",  # compute dtype of matmuls and activations; softmax, LayerNorm statistics, losses: float32
             remat_policy="none",
             scan_layers=False,
-            # jax.nn.dot_product_attention implementation: "auto" lets JAX choose (cuDNN flash attention on GPU).
+            # Which attention kernel runs (ATTENTION_IMPLS; transformer.attention_kernel has the rule). "auto": a
+            # fused kernel, except in training with attention dropout, which only the "reference" path has.
             attention_impl="auto",
         )
     )
@@ -91,6 +96,7 @@ def validate_model_config(model: ml_collections.ConfigDict, needs_generator: boo
             f"must divide num_hidden_layers={model.num_hidden_layers}")
     require(model.hidden_act in ACTIVATIONS, "hidden_act", f"must be one of {ACTIVATIONS}")
     require(model.dtype in DTYPES, "dtype", f"must be one of {DTYPES}")
+    require(model.param_dtype in DTYPES, "param_dtype", f"must be one of {DTYPES}")
     require(model.remat_policy in REMAT_POLICIES, "remat_policy", f"must be one of {REMAT_POLICIES}")
     require(model.attention_impl in ATTENTION_IMPLS, "attention_impl", f"must be one of {ATTENTION_IMPLS}")
     require(0.0 <= model.hidden_dropout_prob < 1.0, "hidden_dropout_prob", "must be in [0, 1)")
@@ -172,8 +178,9 @@ def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
         keep_checkpoints=3,
         eval_every_steps=100 if tiny else 10_000,  # 0 turns evaluation off
         eval_steps=2 if tiny else 20,  # batches per evaluation, from the stream seeded with seed + 1
-        # Mesh axis sizes; -1 takes the devices the other axes leave.
-        mesh=dict(data=-1, fsdp=1, tensor=1),
+        # Mesh axis sizes; -1 takes the devices the other axes leave. sequence_parallel splits the residual stream
+        # (LayerNorm, dropout, residual adds) over tensor along the sequence instead of repeating it on each device.
+        mesh=dict(data=-1, fsdp=1, tensor=1, sequence_parallel=False),
         optimizer=dict(
             name="lamb" if lamb else "adamw",
             # LAMB moves each layer by about learning_rate of its norm per step, so it takes a larger rate.

@@ -30,6 +30,7 @@ from bert_jax import train as train_lib  # also defines the --workdir, --config 
 from bert_jax.evaluation import glue_metrics
 from bert_jax.evaluation import squad as squad_eval
 from bert_jax.metrics_writer import MetricsWriter
+from bert_jax.modeling.transformer import padded_vocab_size
 from bert_jax.tasks import glue, squad
 from bert_jax.tasks.text import encode_texts
 
@@ -258,6 +259,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
             raise sharding.MeshError(f"config.{key}={config[key]} does not split over mesh data*fsdp = {shards}")
     pretrained = load_pretrained(config.init, task="backbone", mesh=mesh)  # placed as the state's backbone is
     config = with_model(config, pretrained.config)
+    sharding.check_model_fits(config.model, mesh, config.max_seq_length, False, padded_vocab_size(config.model))
     task = make_task(config, pretrained.tokenizer, config.model.family)
     num_train = len(task.train_features["input_ids"])
     total_steps = math.ceil(num_train * config.num_epochs / config.batch_size)
@@ -296,12 +298,12 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
                               deterministic=deterministic, rngs={"dropout": rng})
         return task.loss(outputs, batch)
 
-    step_fn = jax.jit(functools.partial(train_lib.train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                                        accum_steps=1),
+    step_fn = jax.jit(sharding.laid_out(functools.partial(train_lib.train_step, loss_fn=loss_fn, tx=tx,
+                                                          schedule=schedule, accum_steps=1), mesh),
                       in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
                       donate_argnums=0)
-    predict_fn = jax.jit(lambda params, batch: {k: v for k, v in model.apply({"params": params}, **batch).items()
-                                                if k in task.output_keys},
+    predict_fn = jax.jit(sharding.laid_out(lambda params, batch: {
+        k: v for k, v in model.apply({"params": params}, **batch).items() if k in task.output_keys}, mesh),
                          in_shardings=(state_shardings["params"], batch_sharding), out_shardings=replicated)
 
     # ---- Loop: step, log, checkpoint ------------------------------------------------------------------------------

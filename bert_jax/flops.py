@@ -20,6 +20,7 @@ def encoder_forward_flops(model, seq_length: int) -> int:
 
 def mlm_head_forward_flops(model, positions: int) -> int:
     """Transform H -> E, then E -> V logits, at `positions` tokens."""
+    # The real vocabulary: the padding columns (padded_vocab_size) are computed but, like remat, are not model work.
     return 2 * positions * (model.hidden_size * model.embedding_size + model.embedding_size * model.vocab_size)
 
 

@@ -39,14 +39,15 @@ ALBERT_EMBEDDING = dict(vocab=30000, hidden=768, embedding=128)
 
 
 def backbone_params(model_config) -> int:
-    return modeling.count_params(modeling.abstract_params(modeling.EncoderModel(model_config)))
+    return modeling.count_params(modeling.abstract_params(modeling.EncoderModel(model_config)), model_config)
 
 
 def electra_generator_params(model_config) -> int:
     """The generator without the embeddings it shares with the discriminator, plus its MLM head."""
-    gen = modeling.PreTrainingModel(generator_config(model_config), sentence_head=False)
-    params = modeling.abstract_params(gen)
-    return modeling.count_params(params) - modeling.count_params(params["backbone"]["embeddings"])
+    gen_config = generator_config(model_config)
+    params = modeling.abstract_params(modeling.PreTrainingModel(gen_config, sentence_head=False))
+    return (modeling.count_params(params, gen_config)
+            - modeling.count_params(params["backbone"]["embeddings"], gen_config))
 
 
 def rows() -> list[dict]:

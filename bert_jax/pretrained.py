@@ -30,9 +30,9 @@ import safetensors
 import safetensors.numpy
 from flax import linen as nn
 
-from bert_jax import config_lib, modeling, sharding, state_dict, storage, tf_checkpoint
+from bert_jax import checkpoints, config_lib, modeling, sharding, state_dict, storage, tf_checkpoint
 from bert_jax.input_pipeline import tokenizers as tokenizer_lib
-from bert_jax.modeling.transformer import to_unscanned_layout
+from bert_jax.modeling.transformer import pad_vocab, to_unscanned_layout
 
 LENGTH_BUCKET = 32  # tokenize() pads batches to a multiple of this many tokens
 TASKS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator", "both")
@@ -64,7 +64,10 @@ def task_of(family: str, head: str) -> str:
 
 @dataclasses.dataclass
 class Pretrained:
-    """A loaded checkpoint: `params` fill `model` (built from `config` for `task`); `tokenizer` may be None."""
+    """A loaded checkpoint: `params` fill `model` (built from `config` for `task`); `tokenizer` may be None.
+
+    `params` and `model` have the padded vocabulary (see modeling.transformer.padded_vocab_size); what this hands
+    to users (fill_mask's predictions, HF exports) has config.vocab_size entries."""
 
     config: ml_collections.ConfigDict
     task: str
@@ -85,9 +88,12 @@ class Pretrained:
 
     @functools.cached_property
     def _mlm_logits_fn(self):
+        """[B, S, vocab_size] MLM logits: the model's padded vocabulary columns cut off, as users see them."""
+        vocab = self.config.vocab_size
         if self.task == "both":
-            return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs, method="generator_logits"))
-        return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs)["mlm_logits"])
+            return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs,
+                                                               method="generator_logits")[..., :vocab])
+        return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs)["mlm_logits"][..., :vocab])
 
     def encode(self, input_ids, attention_mask=None, token_type_ids=None) -> dict[str, np.ndarray]:
         """The encoder's outputs as numpy: last_hidden_state [B, S, H], and pooler_output [B, H] when the model
@@ -323,13 +329,15 @@ def read_workdir(workdir: storage.Path, step: int | None, mesh=None):
         if not manager.all_steps():
             raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint saved yet")
         step = manager.latest_step() if step is None else step
+        stored = manager.item_metadata(step)["params"].tree
         target = abstract_target(state_dict.model_for_head(config, head_of(task)), mesh)
+        target = checkpoints.unpadded_vocab_target(target, checkpoints.stored_vocab_rows(stored))
         try:  # compare the stored shapes first, for an error that names the parameters
-            state_dict.check_shapes(manager.item_metadata(step)["params"].tree, target)
+            state_dict.check_shapes(stored, target)
         except state_dict.ConversionError as e:
             raise LoadError(f"{workdir / 'checkpoints' / str(step)}: params do not match config.json: {e}") from e
         restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
-    return config, task, restored["params"]
+    return config, task, pad_vocab(restored["params"], config)
 
 
 def _workdir_tokenizer(workdir: storage.Path) -> tokenizer_lib.Tokenizer | None:

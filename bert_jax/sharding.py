@@ -1,10 +1,21 @@
 """The one place where the models' logical axis names meet the device mesh (axes data, fsdp, tensor).
 
-Modules name their parameters' axes logically (vocab, embed, mlp, heads, ...); this ordered table maps each name
-to a mesh axis. Earlier rules win, and a mesh axis is used at most once per array, so e.g. the E -> H projection
-[token_embed, embed] shards `embed` over fsdp and leaves `token_embed` whole.
+Modules name their parameters' axes logically (vocab, embed, mlp, heads, ...) and pin their activations with names
+of their own (activation_batch, activation_embed, ...); one ordered table maps both to mesh axes. Earlier rules win,
+and a mesh axis is used at most once per array, so e.g. the E -> H projection [token_embed, embed] shards `embed`
+over fsdp and leaves `token_embed` whole.
+
+The layouts this gives: parameters and optimizer state split over fsdp (FSDP/ZeRO-3) and, Megatron-style, over
+tensor along heads, FFN width and vocabulary; activations split over data x fsdp along the batch and over tensor
+along heads / FFN width / vocabulary inside attention, the FFN and the MLM logits. With sequence parallelism the
+residual stream between those (LayerNorm, dropout, residual adds) is split over tensor along the sequence too,
+instead of being repeated on every tensor device.
 """
 from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
 
 import jax
 import numpy as np
@@ -12,7 +23,7 @@ from flax import linen as nn
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 MESH_AXES = ("data", "fsdp", "tensor")
-LOGICAL_AXIS_RULES = (
+PARAMETER_RULES = (
     ("batch", ("data", "fsdp")),
     ("vocab", "tensor"),
     ("embed", "fsdp"),
@@ -25,6 +36,47 @@ LOGICAL_AXIS_RULES = (
     ("classes", None),
     ("layers", None),
 )
+ACTIVATION_RULES = (
+    ("activation_batch", ("data", "fsdp")),
+    ("activation_vocab", "tensor"),
+    ("activation_heads", "tensor"),
+    ("activation_mlp", "tensor"),
+    ("activation_length", None),  # "tensor" under sequence parallelism
+    ("activation_heads_length", None),  # the sequence inside attention and the FFN: whole on every device
+    ("activation_embed", None),
+    ("activation_kv", None),
+)
+LOGICAL_AXIS_RULES = PARAMETER_RULES + ACTIVATION_RULES
+
+
+def logical_axis_rules(sequence_parallel: bool = False) -> tuple:
+    """The rules table; sequence parallelism splits the residual stream's sequence axis over tensor."""
+    if not sequence_parallel:
+        return LOGICAL_AXIS_RULES
+    return tuple((name, "tensor" if name == "activation_length" else axis) for name, axis in LOGICAL_AXIS_RULES)
+
+
+# The rules `constrain` applies, set only while a step is traced. Not Flax's own rules context: under that, Flax
+# also constrains every parameter it unboxes, DenseGeneral's flattened init shapes included, which then fail.
+_ACTIVE_RULES = contextvars.ContextVar("bert_jax_activation_rules", default=None)
+
+
+@contextlib.contextmanager
+def activation_sharding(mesh: Mesh, sequence_parallel: bool = False):
+    """While tracing inside this context (it may be entered inside jit) the models' activation constraints take
+    effect on `mesh`; outside it they are no-ops."""
+    token = _ACTIVE_RULES.set(logical_axis_rules(sequence_parallel))
+    try:
+        with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
+            yield
+    finally:
+        _ACTIVE_RULES.reset(token)
+
+
+def constrain(x, names: tuple):
+    """Pin an activation's layout by logical names; a no-op outside `activation_sharding`."""
+    rules = _ACTIVE_RULES.get()
+    return x if rules is None else nn.with_logical_constraint(x, names, rules=rules)
 
 
 class MeshError(ValueError):
@@ -47,6 +99,46 @@ def make_mesh(data: int, fsdp: int, tensor: int, devices=None) -> Mesh:
         raise MeshError(f"config.mesh data*fsdp*tensor = {'*'.join(map(str, shape))} must equal the "
                         f"{len(devices)} devices; set one axis to -1 to fill the rest")
     return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def check_model_fits(model_config, mesh: Mesh, seq_length: int, sequence_parallel: bool,
+                     padded_vocab_size: int) -> None:
+    """Raise MeshError naming the config key whose size the rules would split unevenly over `mesh`, before anything
+    compiles (jit's own IndivisibleError comes as a traceback from deep inside init)."""
+    fsdp, tensor = mesh.shape["fsdp"], mesh.shape["tensor"]
+    sizes = [("num_attention_heads", model_config.num_attention_heads, "tensor", tensor),
+             ("intermediate_size", model_config.intermediate_size, "tensor", tensor),
+             ("vocab_size", padded_vocab_size, "tensor", tensor),
+             ("hidden_size", model_config.hidden_size, "fsdp", fsdp),
+             ("embedding_size", model_config.embedding_size, "fsdp", fsdp)]
+    generator = model_config.generator
+    if generator.hidden_size > 0:
+        sizes += [("generator.num_attention_heads", generator.num_attention_heads, "tensor", tensor),
+                  ("generator.intermediate_size", generator.intermediate_size, "tensor", tensor),
+                  ("generator.hidden_size", generator.hidden_size, "fsdp", fsdp)]
+    for key, size, axis, ways in sizes:
+        if size % ways:
+            padded = f" (padded to {size})" if key == "vocab_size" else ""
+            raise MeshError(f"config.model.{key}={size}{padded} does not split over mesh {axis}={ways}; choose "
+                            f"mesh.{axis} among {[d for d in divisors(size) if d <= 64]}")
+    if sequence_parallel and seq_length % tensor:
+        raise MeshError(f"config.data.seq_length={seq_length} does not split over mesh tensor={tensor} "
+                        "(mesh.sequence_parallel=True); choose a length or tensor size that divides it")
+
+
+def laid_out(fn, mesh: Mesh, sequence_parallel: bool = False):
+    """`fn`, traced (under jax.jit) with the activation constraints in effect on `mesh`."""
+
+    @functools.wraps(fn)
+    def traced(*args, **kwargs):
+        with activation_sharding(mesh, sequence_parallel):
+            return fn(*args, **kwargs)
+
+    return traced
 
 
 def logical_partition_specs(boxed_tree):

@@ -21,6 +21,7 @@ from flax import traverse_util
 from flax import linen as nn
 
 from bert_jax import config_lib, modeling
+from bert_jax.modeling.transformer import pad_vocab, unpad_vocab
 
 BASE_PREFIX = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra": "electra"}
 # Tensors HF keeps tied to others (or as buffers); present in some files, absent in others, never information.
@@ -167,7 +168,7 @@ def _describe(names, limit: int = 12) -> str:
 
 def params_from_hf(state_dict: Mapping[str, np.ndarray], model, head: str):
     """bert_jax params (unscanned layout, float32 numpy) from an HF state dict; errors list every missing,
-    unexpected or mis-shaped tensor."""
+    unexpected or mis-shaped tensor. The vocab_size-row tensors are padded to the model's padded_vocab_size."""
     config_lib.validate_model_config(model)
     hf_base = detect_base_prefix(state_dict, model.family)
     pairs = list(tensor_pairs(model, head, hf_base))
@@ -182,7 +183,7 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], model, head: str):
             + ". Check the family and head, and the sizes in the config.")
     flat = {tuple(ours.split("/")): _to_ours(np.asarray(state_dict[hf], np.float32), kind, model)
             for hf, ours, kind in pairs}
-    params = traverse_util.unflatten_dict(flat)
+    params = pad_vocab(traverse_util.unflatten_dict(flat), model)
     check_shapes(params, modeling.abstract_params(model_for_head(model, head)))
     return params
 
@@ -199,8 +200,9 @@ def model_for_head(model, head: str) -> nn.Module:
 
 
 def params_to_hf(params, model, head: str, hf_base: str | None = None) -> dict[str, np.ndarray]:
-    """The HF state dict (without tied copies) of bert_jax params in the unscanned layout."""
-    flat = traverse_util.flatten_dict(params, sep="/")
+    """The HF state dict (without tied copies) of bert_jax params in the unscanned layout; the vocabulary
+    tensors cut back to vocab_size rows, as HF has them."""
+    flat = traverse_util.flatten_dict(unpad_vocab(params, model), sep="/")
     hf_base = BASE_PREFIX[model.family] if hf_base is None else hf_base
     return {hf: np.ascontiguousarray(_to_hf(np.asarray(flat[ours], np.float32), kind))
             for hf, ours, kind in tensor_pairs(model, head, hf_base)}

@@ -12,6 +12,7 @@ import functools
 import itertools
 import signal
 import time
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,7 @@ from bert_jax import checkpoints, flops, objectives, sharding, storage
 from bert_jax import optimizer as optimizer_lib
 from bert_jax.metrics_writer import MetricsWriter
 from bert_jax.modeling import count_params, dummy_inputs, pretraining_model
+from bert_jax.modeling.transformer import attention_kernel, padded_vocab_size
 
 NAN_POLICIES = ("stop", "skip")
 
@@ -78,6 +80,8 @@ def validate(config: ml_collections.ConfigDict, mesh) -> None:
             f"config.data.batch_size={config.data.batch_size} (micro-batches of {micro_batch} with "
             f"grad_accum_steps={config.optimizer.grad_accum_steps}) does not split over mesh data*fsdp = {shards}; "
             "choose a batch size or mesh where it does")
+    sharding.check_model_fits(config.model, mesh, config.data.seq_length, config.mesh.sequence_parallel,
+                              padded_vocab_size(config.model))
 
 
 def pretraining_batches(config, start_step: int, process_index: int, process_count: int):
@@ -129,18 +133,23 @@ def gradients(loss_fn, params, batch, rng, accum_steps: int):
 
 
 def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps: int):
-    """One update. A non-finite loss, gradient or result leaves params and optimizer state as they were (the host
-    then stops or skips, per nan_policy); the step still advances so the data stays aligned with it."""
+    """One update. A non-finite loss or gradient leaves params and optimizer state as they were (the host then stops
+    or skips, per nan_policy); the step still advances so the data stays aligned with it.
+
+    The update sits under lax.cond, decided before it runs, rather than a select between new and old state after
+    it (which needs both whole states alive at once). Finite gradients give finite AdamW / LAMB updates, so
+    checking them is enough."""
     rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
     metrics, grads = gradients(loss_fn, state["params"], batch, rng, accum_steps)
     grad_norm = optax.tree.norm(grads)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm) & jnp.isfinite(optax.tree.norm(params))
-    keep_if_bad = functools.partial(jax.tree.map, lambda new, old: jnp.where(finite, new, old))
-    new_state = {"params": keep_if_bad(params, state["params"]),
-                 "opt_state": keep_if_bad(opt_state, state["opt_state"]),
-                 "step": state["step"] + 1, "rng": state["rng"]}
+    finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
+
+    def update(params, opt_state):
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    params, opt_state = jax.lax.cond(finite, update, lambda *unchanged: unchanged, state["params"], state["opt_state"])
+    new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": state["rng"]}
     metrics = {**metrics, "grad_norm": grad_norm, "learning_rate": schedule(state["step"]), "finite": finite}
     return new_state, metrics
 
@@ -235,6 +244,52 @@ class SavePoints:
 # ------------------------------------------------------------------------------------------------------------------
 
 
+class Program(NamedTuple):
+    """What the loop runs, built from the config and the mesh alone (benchmarks/sharding.py compiles it too)."""
+
+    model: nn.Module
+    init_fn: Callable  # rng -> the whole state, boxed with logical names
+    state_shardings: Any
+    abstract_state: Any  # ShapeDtypeStructs with their shardings
+    parameter_count: int
+    step: Callable  # jitted (state, batch) -> (state, metrics); the state's buffers donated
+    evaluate: Callable  # jitted (params, batch) -> metrics
+
+
+def build_program(config: ml_collections.ConfigDict, mesh) -> Program:
+    """Model, optimizer, state shardings from the logical rules, and the jitted train and eval steps."""
+    model = pretraining_model(config)
+    tx = optimizer_lib.make_optimizer(config.optimizer, config.total_steps)
+    schedule = optimizer_lib.learning_rate_schedule(config.optimizer, config.total_steps)
+    init_fn = functools.partial(initial_state, model, tx)
+    boxed_state = jax.eval_shape(init_fn, jax.random.key(config.seed))
+    state_shardings = sharding.mesh_shardings(boxed_state, mesh)
+    batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    loss_fn = objectives.loss_fn(config, model)
+    step = jax.jit(
+        sharding.laid_out(functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
+                                            accum_steps=config.optimizer.grad_accum_steps),
+                          mesh, config.mesh.sequence_parallel),
+        in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
+        donate_argnums=0)
+    evaluate = jax.jit(sharding.laid_out(functools.partial(eval_step, loss_fn=loss_fn), mesh,
+                                         config.mesh.sequence_parallel),
+                       in_shardings=(state_shardings["params"], batch_sharding), out_shardings=replicated)
+    return Program(model, init_fn, state_shardings,
+                   checkpoints.abstract_tree(nn.unbox(boxed_state), state_shardings),
+                   count_params(boxed_state["params"], config.model), step, evaluate)
+
+
+def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict:
+    """The shapes of one global batch as the pipeline yields it, split over the mesh: enough to compile a step."""
+    b, s, p = config.data.batch_size, config.data.seq_length, config.masking.max_predictions_per_seq
+    shapes = dict(input_ids=(b, s), input_mask=(b, s), segment_ids=(b, s), masked_lm_positions=(b, p),
+                  masked_lm_ids=(b, p), masked_lm_weights=(b, p), next_sentence_labels=(b,),
+                  sentence_order_labels=(b,))
+    batch_sharding = sharding.batch_sharding(mesh)
+    return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding) for k, shape in shapes.items()}
+
+
 def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_fn=pretraining_batches) -> dict:
     """Pretrain config.model on config.objective until config.total_steps; returns the final state.
 
@@ -253,25 +308,21 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
     workdir = checkpoints.prepare_workdir(workdir)
     checkpoints.check_same_model(workdir, config)
     checkpoints.write_config(workdir, config)
-    batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
+    batch_sharding = sharding.batch_sharding(mesh)
     announce("mesh %s", dict(mesh.shape))
 
     # ---- Model, optimizer, abstract state and its shardings from the logical rules ------------------------------
-    model = pretraining_model(config)
-    schedule = optimizer_lib.learning_rate_schedule(config.optimizer, config.total_steps)
-    tx = optimizer_lib.make_optimizer(config.optimizer, config.total_steps)
-    init_fn = functools.partial(initial_state, model, tx)
-    boxed_state = jax.eval_shape(init_fn, jax.random.key(config.seed))
-    state_shardings = sharding.mesh_shardings(boxed_state, mesh)
-    abstract_state = checkpoints.abstract_tree(nn.unbox(boxed_state), state_shardings)
-    announce("%s: %.2fM parameters", type(model).__name__, count_params(boxed_state["params"]) / 1e6)
+    program = build_program(config, mesh)
+    state_shardings, init_fn = program.state_shardings, program.init_fn
+    announce("%s: %.2fM parameters; %s attention while training, %s compute", type(program.model).__name__,
+             program.parameter_count / 1e6, attention_kernel(config.model, deterministic=False), config.model.dtype)
 
     # ---- Restore the latest checkpoint, or initialise in place on the mesh -------------------------------------
     manager = checkpoints.checkpoint_manager(workdir, config.keep_checkpoints)
     start_step = manager.latest_step() or 0
     if start_step:
         announce("resuming from %s at step %d", manager.directory, start_step)
-        state = checkpoints.restore(manager, start_step, abstract_state)
+        state = checkpoints.restore(manager, start_step, program.abstract_state)
     else:
         init = jax.jit(lambda rng: nn.unbox(init_fn(rng)), out_shardings=state_shardings)
         state = init(jax.random.key(config.seed))
@@ -290,15 +341,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
                         for b in itertools.islice(batches_fn(eval_config, 0, process_index, process_count),
                                                   config.eval_steps)]
 
-    # ---- Jitted steps: shardings in and out, the state's buffers donated ---------------------------------------
-    loss_fn = objectives.loss_fn(config, model)
-    step_fn = jax.jit(
-        functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                          accum_steps=config.optimizer.grad_accum_steps),
-        in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
-        donate_argnums=0)
-    evaluate = jax.jit(functools.partial(eval_step, loss_fn=loss_fn),
-                       in_shardings=(state_shardings["params"], batch_sharding), out_shardings=replicated)
+    step_fn, evaluate = program.step, program.evaluate
     flops_per_step = flops.train_step_flops(config)
     peak_flops = (config.peak_flops or measured_peak_flops()) * jax.device_count()
     tokens_per_step = config.data.batch_size * config.data.seq_length

@@ -33,6 +33,8 @@ def test_unknown_size_lists_the_valid_ones():
     ("num_hidden_groups", 3, "num_hidden_groups=3.*num_hidden_layers=2"),
     ("hidden_act", "swishy", "hidden_act"),
     ("dtype", "float16", "dtype"),
+    ("param_dtype", "float16", "param_dtype"),
+    ("attention_impl", "flash", "attention_impl"),
     ("remat_policy", "sometimes", "remat_policy"),
 ])
 def test_inconsistent_sizes_name_the_key(key, value, match):

@@ -13,12 +13,13 @@ import numpy as np
 import pytest
 from flax import linen as nn
 
-from bert_jax import config_lib, objectives, optimizer, train
+from bert_jax import config_lib, modeling, objectives, optimizer, train
 from bert_jax.modeling import pretraining_model
-from bert_jax.modeling.transformer import attention_mask_for, dot_product_attention
+from bert_jax.modeling.transformer import attention_kernel, attention_mask_for, dot_product_attention
+from train_helpers import global_batch_at, tiny_config
 
 
-@pytest.mark.parametrize("impl", ["auto", "xla"])
+@pytest.mark.parametrize("impl", ["auto", "xla", "reference"])
 def test_fused_attention_equals_the_reference(impl):
     config = config_lib.load_preset("bert", "tiny").model
     config.attention_impl = impl
@@ -26,6 +27,43 @@ def test_fused_attention_equals_the_reference(impl):
     mask = attention_mask_for(jnp.ones((2, 12)).at[1, 7:].set(0), jnp.array([[1] * 5 + [2] * 7, [1] * 12]))
     np.testing.assert_allclose(dot_product_attention(q, k, v, mask, config), nn.dot_product_attention(q, k, v, mask=mask),
                                atol=1e-6)
+
+
+def test_attention_kernel_rule():
+    def kernel(impl, dropout, deterministic):
+        config = config_lib.load_preset("bert", "tiny").model
+        config.update(attention_impl=impl, attention_probs_dropout_prob=dropout)
+        return attention_kernel(config, deterministic)
+
+    assert kernel("auto", 0.1, deterministic=False) == "reference"  # only the reference has attention dropout
+    assert kernel("auto", 0.1, deterministic=True) == "auto"  # evaluation and inference stay fused
+    assert kernel("auto", 0.0, deterministic=False) == "auto"
+    assert kernel("reference", 0.0, deterministic=True) == "reference"
+    assert kernel("cudnn", 0.0, deterministic=False) == "cudnn"
+    with pytest.raises(config_lib.ConfigError, match="attention_impl='xla': fused kernels have no attention dropout"):
+        kernel("xla", 0.1, deterministic=False)
+
+
+def test_training_without_attention_dropout_runs_fused_and_matches_the_reference(monkeypatch):
+    config = config_lib.load_preset("bert", "tiny")
+    config.model.update(attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
+    ids = jax.random.randint(jax.random.key(1), (2, 16), 5, 1000)
+    inputs = dict(input_ids=ids, attention_mask=jnp.ones_like(ids).at[1, 10:].set(0), token_type_ids=jnp.zeros_like(ids))
+    params = modeling.init_params(pretraining_model(config), jax.random.key(0))
+    fused_calls = []
+    fused = jax.nn.dot_product_attention
+    monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: fused_calls.append(1) or fused(*a, **k))
+
+    def training_logits(impl):
+        config.model.attention_impl = impl
+        return pretraining_model(config).apply({"params": params}, **inputs, deterministic=False,
+                                               rngs={"dropout": jax.random.key(2)})["mlm_logits"]
+
+    fused_logits = training_logits("auto")
+    assert len(fused_calls) == config.model.num_hidden_layers
+    reference_logits = training_logits("reference")
+    assert len(fused_calls) == config.model.num_hidden_layers
+    np.testing.assert_allclose(fused_logits, reference_logits, atol=1e-5)
 
 
 def test_donated_step_matches_and_frees_the_old_state():
@@ -46,6 +84,24 @@ def test_donated_step_matches_and_frees_the_old_state():
     donated, _ = jax.jit(step, donate_argnums=0)(donated_input, batch)
     jax.tree.map(np.testing.assert_array_equal, donated, kept)
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(donated_input["params"]))
+
+
+def test_non_finite_step_leaves_the_state_exactly_as_it_was():
+    config = tiny_config("bert")
+    model = pretraining_model(config)
+    tx = optimizer.make_optimizer(config.optimizer, config.total_steps)
+    step = jax.jit(functools.partial(train.train_step, loss_fn=objectives.loss_fn(config, model), tx=tx,
+                                     schedule=optimizer.learning_rate_schedule(config.optimizer, config.total_steps),
+                                     accum_steps=1))
+    state = jax.jit(lambda rng: nn.unbox(train.initial_state(model, tx, rng)))(jax.random.key(0))
+    state, metrics = step(state, global_batch_at(config, 0, weights_dtype=np.float32))
+    assert bool(metrics["finite"])
+    poisoned = global_batch_at(config, 1, weights_dtype=np.float32)
+    poisoned["masked_lm_weights"][0, 0] = np.nan
+    after, metrics = step(state, poisoned)
+    assert not bool(metrics["finite"]) and int(after["step"]) == int(state["step"]) + 1
+    jax.tree.map(np.testing.assert_array_equal, (after["params"], after["opt_state"]),
+                 (state["params"], state["opt_state"]))
 
 
 def test_compilation_cache_is_written_and_reused(tmp_path):

@@ -1,4 +1,5 @@
 """Checkpoints: exact resume after a signal, restore onto other meshes, model mismatch, NaN handling."""
+import json
 import os
 import signal
 
@@ -89,3 +90,32 @@ def test_nan_loss_stops_or_skips(tmp_path):
     state = train.train_and_evaluate(config, str(tmp_path / "skip"), poisoned_at(3))
     assert int(state["step"]) == 4 and all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
     assert logged(tmp_path / "skip", "skipped_updates") == {1: 0, 2: 0, 3: 1, 4: 1}
+
+
+def test_checkpoints_from_before_the_vocabulary_padding_resume(tmp_path):
+    """A run saved when the word table had vocab_size rows (30522, before it was padded to 30592) continues, with
+    the same losses as a run that always had the padding: padded rows get no gradient and are never predicted."""
+    from bert_jax.modeling.transformer import unpad_vocab
+
+    config = tiny_config("bert", **MESH)
+    straight_dir, old_dir = str(tmp_path / "straight"), str(tmp_path / "old")
+    train.train_and_evaluate(config, straight_dir, synthetic_batches)
+    halfway = train.train_and_evaluate(config, old_dir, signalled_at(2))
+    old_state = jax.tree.map(np.asarray, {"params": unpad_vocab(halfway["params"], config.model),
+                                          "opt_state": unpad_vocab(halfway["opt_state"], config.model),
+                                          "step": halfway["step"], "rng": halfway["rng"]})
+    assert old_state["params"]["backbone"]["embeddings"]["word_embeddings"]["embedding"].shape[0] == 30522
+    with checkpoints.checkpoint_manager(old_dir, keep=3) as manager:
+        manager.delete(2)
+        checkpoints.save(manager, 2, old_state)
+        manager.wait_until_finished()
+
+    config_file = tmp_path / "old" / "config.json"  # and before config.model.param_dtype existed
+    written = json.loads(config_file.read_text())
+    del written["model"]["param_dtype"]
+    config_file.write_text(json.dumps(written))
+
+    resumed = train.train_and_evaluate(config, old_dir, synthetic_batches)
+    assert int(resumed["step"]) == 4
+    assert logged(straight_dir) == logged(old_dir)
+    assert resumed["params"]["backbone"]["embeddings"]["word_embeddings"]["embedding"].shape[0] == 30592

@@ -7,7 +7,12 @@ import numpy as np
 from flax import linen as nn
 
 from bert_jax.config_lib import generator_config, validate_model_config
-from bert_jax.modeling.transformer import ACTIVATIONS, Config, EncoderModel, Embeddings, dense, layer_norm
+from bert_jax.modeling.transformer import (ACTIVATIONS, POOLED, Config, EncoderModel, Embeddings, constrain,
+                                           dense, layer_norm, map_vocab_params, padded_vocab_size, param_dtype)
+
+HEAD_INPUT = ("activation_batch", None, "activation_embed")  # [B, P, H] at the masked positions (or all S)
+LOGITS = ("activation_batch", None, "activation_vocab")  # [B, P, V]: the vocabulary split over tensor
+MASKED_LOGIT = -1e9  # the logit of a vocabulary padding column: finite in float32 and bfloat16, exp() of it is 0
 
 
 def gather_positions(hidden, positions):
@@ -19,6 +24,10 @@ class MlmHead(nn.Module):
     """dense H -> E, activation, LayerNorm, then logits tied to the word embeddings, plus a per-token bias.
 
     Given masked_positions [B, P] it projects only those positions onto the vocabulary (the costly part).
+
+    The logits (the models' "mlm_logits", ELECTRA's generator_logits) have padded_vocab_size(config) columns, so
+    that a tensor-sharded vocabulary is never resliced; columns from vocab_size on hold MASKED_LOGIT. Objectives
+    take them as they are; whatever hands logits to a user (pretrained.Pretrained) slices [..., :vocab_size].
     """
 
     config: Config
@@ -28,13 +37,20 @@ class MlmHead(nn.Module):
         cfg = self.config
         if masked_positions is not None:
             hidden = gather_positions(hidden, masked_positions)
+        hidden = constrain(hidden, HEAD_INPUT)
         # RoBERTa's and ELECTRA's generator heads use exact GELU whatever the encoder's activation.
         activation = "gelu" if cfg.family in ("roberta", "electra") else cfg.hidden_act
         x = dense(cfg, cfg.embedding_size, ("embed", "token_embed"), "transform")(hidden)
         x = layer_norm(cfg, "token_embed", "norm")(ACTIVATIONS[activation](x))
-        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (cfg.vocab_size,))
-        logits = jnp.einsum("...e,ve->...v", x, word_embeddings.astype(x.dtype))
-        return logits.astype(jnp.float32) + bias
+        rows = padded_vocab_size(cfg)
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (rows,),
+                          param_dtype(cfg))
+        logits = constrain(jnp.einsum("...e,ve->...v", x, word_embeddings.astype(x.dtype)), LOGITS)
+        logits = logits.astype(jnp.float32) + bias
+        if rows == cfg.vocab_size:
+            return logits
+        # Padding columns: never sampled or predicted, and no gradient reaches their rows through the softmax.
+        return jnp.where(jnp.arange(rows) < cfg.vocab_size, logits, MASKED_LOGIT)
 
 
 class SentencePairHead(nn.Module):
@@ -44,7 +60,7 @@ class SentencePairHead(nn.Module):
 
     @nn.compact
     def __call__(self, pooled, deterministic: bool = True):
-        pooled = nn.Dropout(self.config.hidden_dropout_prob)(pooled, deterministic=deterministic)
+        pooled = nn.Dropout(self.config.hidden_dropout_prob)(constrain(pooled, POOLED), deterministic=deterministic)
         return dense(self.config, 2, ("embed", "classes"), "classifier")(pooled).astype(jnp.float32)
 
 
@@ -205,5 +221,9 @@ def init_params(model: nn.Module, rng, **inputs):
     return nn.unbox(model.init(rng, **(inputs or dummy_inputs()))["params"])
 
 
-def count_params(params) -> int:
-    return int(sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(nn.unbox(params))))
+def count_params(params, config: Config) -> int:
+    """Parameters in a (boxed or plain) pytree, the vocabulary padding rows left out (see padded_vocab_size), so
+    that counts match the papers' and transformers'."""
+    params = map_vocab_params(nn.unbox(params), lambda x: jax.ShapeDtypeStruct(
+        (min(x.shape[0], config.vocab_size), *x.shape[1:]), x.dtype))
+    return int(sum(np.prod(leaf.shape) for leaf in jax.tree.leaves(params)))

@@ -3,6 +3,10 @@
 Parameters carry logical axis names only; `bert_jax.sharding` maps them to mesh axes:
   vocab (V), token_embed (E, the embedding width), embed (H), mlp (FFN width), heads, kv (head width),
   positions, token_types, classes, and layers (the stacked axis of scanned layers).
+Activations are pinned at every layer boundary and inside attention and the FFN with names of their own
+(activation_batch, activation_length, activation_embed, ...; see `bert_jax.sharding.constrain`), so that XLA keeps
+the batch split over data x fsdp instead of choosing a layout from the parameters'. Outside
+`sharding.activation_sharding` they are no-ops.
 """
 from __future__ import annotations
 
@@ -12,7 +16,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 from flax import linen as nn
+
+from bert_jax.config_lib import ConfigError
+from bert_jax.sharding import constrain
 
 ACTIVATIONS = {
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
@@ -35,6 +43,17 @@ def compute_dtype(config: Config) -> jnp.dtype:
     return jnp.dtype(config.dtype)
 
 
+def param_dtype(config: Config) -> jnp.dtype:
+    """The stored parameters' dtype (float32 master weights by default); layers cast them to compute_dtype."""
+    return jnp.dtype(config.param_dtype)
+
+
+HIDDEN = ("activation_batch", "activation_length", "activation_embed")  # [B, S, H] between layers (also E-wide)
+PER_HEAD = ("activation_batch", "activation_heads_length", "activation_heads", "activation_kv")  # [B, S, heads, d]
+FFN_HIDDEN = ("activation_batch", "activation_heads_length", "activation_mlp")  # [B, S, FFN width]
+POOLED = ("activation_batch", "activation_embed")  # [B, H]: [CLS] vectors, the sentence heads' inputs
+
+
 def normal_init(config: Config, axes: tuple[str, ...]):
     """BERT's N(0, initializer_range) initialisation, tagged with logical axis names."""
     return nn.with_logical_partitioning(nn.initializers.normal(stddev=config.initializer_range), axes)
@@ -47,7 +66,7 @@ def dense(config: Config, features, axes: tuple[str, ...], name: str, axis=-1) -
         features,
         axis=axis,
         dtype=compute_dtype(config),
-        param_dtype=jnp.float32,
+        param_dtype=param_dtype(config),
         kernel_init=normal_init(config, axes),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[-num_outputs:]),
         name=name,
@@ -55,11 +74,15 @@ def dense(config: Config, features, axes: tuple[str, ...], name: str, axis=-1) -
 
 
 def layer_norm(config: Config, axis_name: str, name: str) -> nn.LayerNorm:
-    """LayerNorm computed the two-pass way, as PyTorch does, so outputs match the references to float32 rounding."""
+    """LayerNorm computed the two-pass way, as PyTorch does, so outputs match the references to float32 rounding.
+
+    Under bfloat16 Flax still computes the statistics and the normalisation in float32 (force_float32_reductions)
+    and only casts the result back: a bf16 variance over 1024 features would lose most of its digits.
+    """
     return nn.LayerNorm(
         epsilon=config.layer_norm_eps,
         dtype=compute_dtype(config),
-        param_dtype=jnp.float32,
+        param_dtype=param_dtype(config),
         use_fast_variance=False,
         scale_init=nn.with_logical_partitioning(nn.initializers.ones, (axis_name,)),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, (axis_name,)),
@@ -89,16 +112,77 @@ def attention_mask_for(attention_mask: Array, packing_segment_ids: Array | None)
     return mask
 
 
+VOCAB_MULTIPLE = 128
+# The parameters with a vocabulary axis (always their first), as (module, parameter) at the end of their path.
+VOCAB_PARAMS = (("word_embeddings", "embedding"), ("mlm_head", "bias"), ("generator_head", "bias"))
+
+
+def padded_vocab_size(config: Config) -> int:
+    """Rows of the word-embedding table and the MLM bias: vocab_size rounded up to a multiple of VOCAB_MULTIPLE,
+    so that the vocabulary axis splits evenly over the tensor mesh axis (30522 -> 30592).
+
+    config.vocab_size stays the real vocabulary. Rows past it are padding: never an input id, never predicted
+    (MlmHead gives their logits MASKED_LOGIT), never exported (state_dict slices them off, and pads on import),
+    never counted (count_params)."""
+    return -(-config.vocab_size // VOCAB_MULTIPLE) * VOCAB_MULTIPLE
+
+
+def map_vocab_params(params, fn):
+    """fn applied to every parameter of VOCAB_PARAMS in a plain pytree (arrays, ShapeDtypeStructs, metadata)."""
+    def apply(path, leaf):
+        names = tuple(getattr(k, "key", getattr(k, "name", None)) for k in path[-2:])
+        return fn(leaf) if names in VOCAB_PARAMS else leaf
+
+    return jax.tree_util.tree_map_with_path(apply, params)
+
+
+def pad_vocab(params, config: Config):
+    """Vocabulary parameters with exactly vocab_size rows (HF and TF1 files, workdirs saved before the padding)
+    grown with zero rows to padded_vocab_size, as numpy; any other leaf unchanged."""
+    rows = padded_vocab_size(config)
+
+    def pad(x):
+        if x.shape[0] != config.vocab_size or rows == config.vocab_size:
+            return x
+        return np.pad(np.asarray(x), [(0, rows - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
+
+    return map_vocab_params(params, pad)
+
+
+def unpad_vocab(params, config: Config):
+    """The first vocab_size rows of every vocabulary parameter: what exports write."""
+    return map_vocab_params(params, lambda x: x[:config.vocab_size])
+
+
+def word_table_init(config: Config):
+    """normal_init for the real rows, zeros for the padding: zero rows add nothing to the table's norm (LAMB's trust
+    ratio) or to weight decay, get no gradient, and so stay zero, as after an import or an unpadded checkpoint."""
+    normal = nn.initializers.normal(stddev=config.initializer_range)
+
+    def init(key, shape, dtype=jnp.float32):
+        return normal(key, shape, dtype).at[config.vocab_size:].set(0)
+
+    return nn.with_logical_partitioning(init, ("vocab", "token_embed"))
+
+
+def lookup(table: nn.Embed, ids: Array, rows: str | None = None) -> Array:
+    """table[ids], with the table gathered whole along its width first (FSDP gathers parameters before use) and
+    its rows split over `rows`: left to itself XLA looks up the whole batch in the width-split table instead."""
+    embedding = constrain(table.embedding, (rows, "activation_embed")).astype(table.dtype)
+    return jnp.take(embedding, ids, axis=0)
+
+
 class Embeddings(nn.Module):
-    """Word + position + token-type embeddings of width E, then LayerNorm and dropout."""
+    """Word + position + token-type embeddings of width E, then LayerNorm and dropout.
+
+    The word table has padded_vocab_size(config) rows, so that it splits evenly over the tensor mesh axis."""
 
     config: Config
 
     def setup(self):
         cfg = self.config
-        embed = functools.partial(nn.Embed, dtype=compute_dtype(cfg), param_dtype=jnp.float32)
-        self.word_embeddings = embed(cfg.vocab_size, cfg.embedding_size,
-                                     embedding_init=normal_init(cfg, ("vocab", "token_embed")))
+        embed = functools.partial(nn.Embed, dtype=compute_dtype(cfg), param_dtype=param_dtype(cfg))
+        self.word_embeddings = embed(padded_vocab_size(cfg), cfg.embedding_size, embedding_init=word_table_init(cfg))
         self.position_embeddings = embed(cfg.max_position_embeddings, cfg.embedding_size,
                                          embedding_init=normal_init(cfg, ("positions", "token_embed")))
         self.token_type_embeddings = embed(cfg.type_vocab_size, cfg.embedding_size,
@@ -107,24 +191,75 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(cfg.hidden_dropout_prob)
 
     def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(position_ids)
+        x = lookup(self.word_embeddings, input_ids, "activation_vocab") + lookup(self.token_type_embeddings,
+                                                                                  token_type_ids)
+        x = constrain(x + lookup(self.position_embeddings, position_ids), HIDDEN)
         return self.dropout(self.norm(x), deterministic=deterministic)
 
     def attend(self, x: Array) -> Array:
-        """Logits against the word embeddings: the tied output projection of the MLM heads."""
+        """Logits against the (padded) word embeddings, padding columns unmasked; MlmHead is what masks them."""
         return self.word_embeddings.attend(x)
 
 
+def attention_kernel(config: Config, deterministic: bool) -> str:
+    """Which attention runs: "reference" (Flax's, which materialises the [B, heads, S, S] probabilities) or the fused
+    jax.nn.dot_product_attention implementation "auto" (JAX picks: cuDNN flash attention on GPU), "xla" or "cudnn".
+
+    Fused kernels have no dropout on the probabilities, so "auto" trains with the reference whenever
+    attention_probs_dropout_prob > 0 (the paper presets) and is fused only without it, and for evaluation and
+    inference. Naming "xla" or "cudnn" while training with attention dropout is an error rather than a silent fallback.
+    docs/training.md ("Attention kernels and dropout") measures what dropping attention dropout costs.
+    """
+    dropout = not deterministic and config.attention_probs_dropout_prob > 0.0
+    if config.attention_impl == "reference" or (dropout and config.attention_impl == "auto"):
+        return "reference"
+    if dropout:
+        raise ConfigError(f"config.model.attention_impl={config.attention_impl!r}: fused kernels have no attention "
+                          "dropout; set config.model.attention_probs_dropout_prob=0.0, or attention_impl='auto'")
+    return config.attention_impl
+
+
 def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=None):
-    """softmax(QK^T/sqrt(d)) V over [B, S, heads, d]; JAX's fused kernels unless given a dropout rng."""
-    if dropout_rng is not None:
-        # jax.nn.dot_product_attention has no dropout; Flax's reference implementation does.
-        return nn.dot_product_attention(query, key, value, mask=mask, dropout_rng=dropout_rng,
-                                        dropout_rate=config.attention_probs_dropout_prob, deterministic=False,
-                                        dtype=compute_dtype(config))
-    implementation = None if config.attention_impl == "auto" else config.attention_impl
-    return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
+    """softmax(QK^T/sqrt(d)) V over [B, S, heads, d], with attention dropout when given a dropout rng.
+
+    Every path takes the logits and the softmax in float32 and multiplies bf16 probabilities into V under bfloat16.
+    """
+    kernel = attention_kernel(config, deterministic=dropout_rng is None)
+    if kernel != "reference":
+        implementation = None if kernel == "auto" else kernel
+        return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
+    weights = nn.dot_product_attention_weights(
+        query, key, mask=mask, dropout_rng=dropout_rng, dropout_rate=config.attention_probs_dropout_prob,
+        deterministic=dropout_rng is None, dtype=compute_dtype(config), force_fp32_for_softmax=True,
+        einsum=functools.partial(jnp.einsum, preferred_element_type=jnp.float32))
+    return jnp.einsum("...hqk,...khd->...qhd", weights.astype(value.dtype), value)
+
+
+class ProjectionWeights(nn.Module):
+    """Kernel [H, heads, d] and bias [heads, d] of one of attention's input projections, initialised and named as
+    `dense` would make them (query/kernel, ...), for `query_key_value` to use together."""
+
+    config: Config
+
+    @nn.compact
+    def __call__(self):
+        cfg = self.config
+        shape = (cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
+        kernel = self.param("kernel", normal_init(cfg, ("embed", "heads", "kv")), (cfg.hidden_size, *shape),
+                            param_dtype(cfg))
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")), shape,
+                          param_dtype(cfg))
+        return kernel, bias
+
+
+def query_key_value(config: Config, x: Array, weights: list) -> list[Array]:
+    """Q, K and V [B, S, heads, d] in one matmul over the stacked kernels: its input gradient is one sum, reduced
+    once over the tensor axis (three separate projections have three partial gradients to reduce)."""
+    dtype = compute_dtype(config)
+    kernel = jnp.stack([kernel for kernel, _ in weights]).astype(dtype)
+    bias = jnp.stack([bias for _, bias in weights]).astype(dtype)
+    qkv = jnp.einsum("bsh,thnd->tbsnd", x.astype(dtype), kernel) + bias[:, None, None]
+    return [constrain(projection, PER_HEAD) for projection in qkv]
 
 
 class TransformerLayer(nn.Module):
@@ -136,21 +271,19 @@ class TransformerLayer(nn.Module):
     @nn.compact
     def __call__(self, x, mask):
         cfg = self.config
-        heads = cfg.num_attention_heads
-        head_dim = cfg.hidden_size // heads
-        q, k, v = (dense(cfg, (heads, head_dim), ("embed", "heads", "kv"), name)(x)
-                   for name in ("query", "key", "value"))
+        x = constrain(x, HIDDEN)
+        q, k, v = query_key_value(cfg, x, [ProjectionWeights(cfg, name=name)() for name in ("query", "key", "value")])
         dropout_rng = None
         if cfg.attention_probs_dropout_prob > 0.0 and not self.deterministic:
             dropout_rng = self.make_rng("dropout")
-        context = dot_product_attention(q, k, v, mask, cfg, dropout_rng)
+        context = constrain(dot_product_attention(q, k, v, mask, cfg, dropout_rng), PER_HEAD)
         attended = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "attention_output", axis=(-2, -1))(context)
         dropout = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)
-        x = layer_norm(cfg, "embed", "attention_norm")(x + dropout(attended))
-        h = dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x)
+        x = layer_norm(cfg, "embed", "attention_norm")(x + dropout(constrain(attended, HIDDEN)))
+        h = constrain(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x), FFN_HIDDEN)
         h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(ACTIVATIONS[cfg.hidden_act](h))
-        x = layer_norm(cfg, "embed", "output_norm")(x + dropout(h))
-        return x, None
+        x = layer_norm(cfg, "embed", "output_norm")(x + dropout(constrain(h, HIDDEN)))
+        return constrain(x, HIDDEN), None
 
 
 def stacks_layers(config: Config) -> bool:
@@ -258,10 +391,10 @@ class EncoderModel(nn.Module):
             position_ids = position_ids_for(cfg, input_ids)
         x = self.token_embeddings()(input_ids, token_type_ids, position_ids, deterministic)
         if has_embedding_projection(cfg):
-            x = self.embedding_projection(x)
+            x = constrain(self.embedding_projection(x), HIDDEN)
         mask = attention_mask_for(attention_mask, packing_segment_ids)
         x = self.encoder(x, mask, deterministic)
         outputs = {"last_hidden_state": x}
         if cfg.pooler:
-            outputs["pooler_output"] = jnp.tanh(self.pooler(x[:, 0]))
+            outputs["pooler_output"] = jnp.tanh(self.pooler(constrain(x[:, 0], POOLED)))
         return outputs

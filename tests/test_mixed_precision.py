@@ -1,0 +1,101 @@
+"""bfloat16 compute: float32 master weights, float32 softmax / LayerNorm statistics / losses, results close to float32.
+
+Tolerances are bfloat16's: 8 significand bits, a relative rounding step of 2^-8 ~ 0.4% per operation.
+"""
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import linen as nn
+
+from bert_jax import config_lib, modeling, objectives, optimizer, train
+from bert_jax.modeling.transformer import attention_mask_for, dot_product_attention, layer_norm
+from train_helpers import global_batch_at, tiny_config
+
+
+def tiny_model(family="bert", **overrides):
+    config = config_lib.load_preset(family, "tiny").model
+    config.update(overrides)
+    return config
+
+
+@pytest.mark.parametrize("family", ["bert", "albert", "electra"])
+def test_bfloat16_compute_keeps_float32_master_weights(family):
+    config = config_lib.load_preset(family, "tiny")
+    config.model.dtype = "bfloat16"
+    params = modeling.init_params(modeling.pretraining_model(config), jax.random.key(0))
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.float32)}
+    config.model.param_dtype = "bfloat16"
+    params = modeling.init_params(modeling.pretraining_model(config), jax.random.key(0))
+    assert {leaf.dtype for leaf in jax.tree.leaves(params)} == {jnp.dtype(jnp.bfloat16)}
+
+
+def test_layer_norm_statistics_stay_float32():
+    # A large common offset: a bfloat16 mean/variance would cancel to garbage, float32 statistics do not.
+    x = (1000.0 + jax.random.normal(jax.random.key(0), (4, 64))).astype(jnp.bfloat16)
+    norm = layer_norm(tiny_model(dtype="bfloat16"), "embed", "norm")
+    params = norm.init(jax.random.key(1), x)
+    y = norm.apply(params, x)
+    assert y.dtype == jnp.bfloat16
+    x32 = x.astype(jnp.float32)
+    expected = (x32 - x32.mean(-1, keepdims=True)) / jnp.sqrt(x32.var(-1, keepdims=True) + 1e-12)
+    np.testing.assert_allclose(y.astype(jnp.float32), expected, atol=0.02)
+
+
+@pytest.mark.parametrize("impl", ["auto", "reference"])
+def test_attention_softmax_is_float32_under_bfloat16(impl):
+    # Large logits with small differences: a bfloat16 softmax input would round them together.
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 12, 4, 16)) * jnp.array([4.0, 4.0, 1.0])[:, None, None,
+                                                                                                   None, None]
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    mask = attention_mask_for(jnp.ones((2, 12)).at[1, 7:].set(0), None)
+    expected = nn.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask=mask)
+    got = dot_product_attention(q, k, v, mask, tiny_model(dtype="bfloat16", attention_impl=impl))
+    assert got.dtype == jnp.bfloat16
+    # Only the bfloat16 probabilities times V round; logits of ~30 in bfloat16 would be off by up to 0.125.
+    np.testing.assert_allclose(got.astype(jnp.float32), expected, atol=0.03)
+
+
+@pytest.mark.parametrize("family", ["bert", "electra"])
+def test_bfloat16_outputs_agree_with_float32(family):
+    config32 = config_lib.load_preset(family, "tiny")
+    config16 = config_lib.load_preset(family, "tiny")
+    config16.model.dtype = "bfloat16"
+    params = modeling.init_params(modeling.pretraining_model(config32), jax.random.key(0))
+    ids = jax.random.randint(jax.random.key(1), (2, 16), 5, 1000)
+    inputs = dict(input_ids=ids, attention_mask=jnp.ones_like(ids).at[1, 10:].set(0),
+                  token_type_ids=jnp.zeros_like(ids))
+    out32 = modeling.pretraining_model(config32).apply({"params": params}, **inputs)
+    out16 = modeling.pretraining_model(config16).apply({"params": params}, **inputs)
+    for key in ("mlm_logits", "discriminator_logits", "sentence_logits"):
+        if key in out32:
+            assert out16[key].dtype == jnp.float32, key  # what the losses see
+            scale = float(jnp.abs(out32[key]).max())
+            np.testing.assert_allclose(out16[key], out32[key], atol=0.02 * scale, err_msg=key)
+
+
+def run_steps(config, steps: int):
+    model = modeling.pretraining_model(config)
+    tx = optimizer.make_optimizer(config.optimizer, config.total_steps)
+    step = jax.jit(functools.partial(train.train_step, loss_fn=objectives.loss_fn(config, model), tx=tx,
+                                     schedule=optimizer.learning_rate_schedule(config.optimizer, config.total_steps),
+                                     accum_steps=1))
+    state = jax.jit(lambda rng: nn.unbox(train.initial_state(model, tx, rng)))(jax.random.key(0))
+    losses = []
+    for i in range(steps):
+        state, metrics = step(state, global_batch_at(config, i))
+        losses.append(float(metrics["loss"]))
+    return state, np.array(losses)
+
+
+def test_bfloat16_training_follows_float32():
+    config32 = tiny_config("bert", total_steps=6)
+    config16 = tiny_config("bert", total_steps=6, **{"model.dtype": "bfloat16"})
+    state32, losses32 = run_steps(config32, 6)
+    state16, losses16 = run_steps(config16, 6)
+    assert np.isfinite(losses16).all()
+    assert {leaf.dtype for leaf in jax.tree.leaves(state16["params"])} == {jnp.dtype(jnp.float32)}
+    np.testing.assert_allclose(losses16, losses32, rtol=0.01)
+    assert losses16[-1] < losses16[0]  # it learns, not just agrees
