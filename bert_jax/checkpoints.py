@@ -1,4 +1,4 @@
-"""A run's workdir: `config.json` and an Orbax CheckpointManager in `checkpoints/` with two items per step.
+"""A run's checkpoints: an Orbax CheckpointManager in the workdir's `checkpoints/` with two items per step.
 
   params       the parameter pytree in the model's own layout (stacked under `layers` with scan_layers)
   train_state  optimizer state, step and the rng key data; with the config's seed, the step is also the input
@@ -10,113 +10,39 @@ renames it when complete, so an interrupted or failed save (a full disk) leaves 
 """
 from __future__ import annotations
 
-import json
+import errno
+import logging as std_logging
 import os
+import re
+import sys
+import traceback
 
 import jax
-import ml_collections
 import numpy as np
 import orbax.checkpoint as ocp
+from absl import logging
 from jax.experimental import multihost_utils
 
 from bert_jax import storage
-
-CONFIG_FILE = "config.json"
-CHECKPOINT_DIR = "checkpoints"
-# Execution switches: changing them between runs keeps the parameters loadable (scan_layers changes the layout).
-EXECUTION_KEYS = ("dtype", "remat_policy", "attention_impl")
+from bert_jax.errors import UserError
+from bert_jax.workdir import CHECKPOINT_DIR
 
 
-class CheckpointMismatchError(ValueError):
-    """The workdir holds a checkpoint of a different model than the config asks for."""
+class SaveError(UserError, OSError):
+    """A checkpoint could not be written: the run stops at once, and the last good step stays for a rerun."""
 
 
-class WorkdirError(OSError):
-    """A workdir the run cannot use; the message names it and what to do."""
-
-
-def model_identity(config_dict: dict) -> dict:
-    """What must match for a checkpoint to resume: the objective and the architecture. Model keys added after a
-    checkpoint was written (e.g. param_dtype) take their defaults, so older workdirs still resume."""
-    from bert_jax.config_lib import model_config
-
-    model = {**model_config(config_dict["model"]["family"]).to_dict(), **config_dict["model"]}
-    return {"objective": config_dict["objective"],
-            "model": {k: v for k, v in model.items() if k not in EXECUTION_KEYS}}
-
-
-def differences(a, b, prefix="") -> list[str]:
-    """Dotted keys whose values differ between two nested dicts."""
-    if not (isinstance(a, dict) and isinstance(b, dict)):
-        return [] if a == b else [prefix.rstrip(".")]
-    return [d for k in sorted(set(a) | set(b)) for d in differences(a.get(k), b.get(k), f"{prefix}{k}.")]
-
-
-def check_same_model(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
-    """Raise CheckpointMismatchError if the workdir's checkpoints were written for another model."""
-    workdir = storage.as_path(workdir)
-    config_file, checkpoint_dir = workdir / CONFIG_FILE, workdir / CHECKPOINT_DIR
-    has_checkpoints = checkpoint_dir.is_dir() and any(p.name.isdigit() for p in checkpoint_dir.iterdir())
-    if not has_checkpoints:
-        return
-    if not config_file.exists():
-        raise CheckpointMismatchError(f"{checkpoint_dir} holds checkpoints but {config_file} is missing, so their "
-                                      "model cannot be checked; use a new --workdir")
-    stored = model_identity(json.loads(config_file.read_text()))
-    diff = differences(stored, model_identity(config.to_dict()))
-    if diff:
-        shown = ", ".join(f"{k}: {_lookup(stored, k)!r} there" for k in diff[:5])
-        raise CheckpointMismatchError(f"{workdir} holds checkpoints of a different model ({shown}); resume with the "
-                                      "same config.model and config.objective, or use a new --workdir")
-
-
-def _lookup(tree: dict, dotted: str):
-    for key in dotted.split("."):
-        tree = tree.get(key) if isinstance(tree, dict) else None
-    return tree
-
-
-def prepare_workdir(workdir: str | os.PathLike) -> storage.Path:
-    """Create the workdir (process 0) after checking that it can be written, and that every process sees the same
-    files there: a multi-host run needs a bucket or a filesystem all hosts mount."""
-    workdir = storage.as_path(workdir)
-    if jax.process_index() == 0:
-        storage.check_writable(workdir)
-    check_shared(workdir)
-    return workdir
-
-
-def check_shared(workdir: storage.Path) -> None:
-    """Raise WorkdirError if a file process 0 writes in the workdir is not visible to every other process."""
-    if jax.process_count() == 1:
-        return
-    token = int(multihost_utils.broadcast_one_to_all(np.array(np.random.randint(1 << 30), np.int32)))
-    probe = workdir / f".shared-probe-{token}"
-    if jax.process_index() == 0:
-        storage.atomic_write(probe, "")
-    multihost_utils.sync_global_devices("bert_jax: shared-probe written")
-    seen = multihost_utils.process_allgather(np.array(probe.exists()))
-    multihost_utils.sync_global_devices("bert_jax: shared-probe read")
-    if jax.process_index() == 0:
-        probe.unlink(missing_ok=True)
-    if not seen.all():
-        blind = [i for i, ok in enumerate(seen) if not ok]
-        raise WorkdirError(f"--workdir={workdir}: processes {blind} cannot see the files process 0 writes there (a "
-                           "local disk per host?); use a bucket (gs://...) or a filesystem that every host mounts")
-
-
-def write_config(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> None:
-    """Write config.json atomically (process 0 only), so a reader never sees half a file."""
-    if jax.process_index() == 0:
-        storage.atomic_write(storage.as_path(workdir) / CONFIG_FILE,
-                             config.to_json_best_effort(indent=2, sort_keys=True))
+class UnreadableCheckpointsError(UserError, OSError):
+    """Checkpoints exist but none of them can be read; their files are left as they are."""
 
 
 def checkpoint_manager(workdir: str | os.PathLike, keep: int) -> ocp.CheckpointManager:
     """Async saves, keeping the `keep` latest steps; the trainer decides when to save.
 
     A step becomes visible only when complete (a renamed temporary folder; in a bucket, a commit_success.txt
-    marker), so a process killed mid-save leaves the previous step as the latest."""
+    marker), so a process killed mid-save leaves the previous step as the latest. A failed save reaches the caller
+    as one SaveError (save, check_saves, finish_saves), so Orbax's logged tracebacks of it are left out."""
+    quiet_reported_orbax_errors()
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
                                            cleanup_tmp_directories=True)
     workdir = storage.as_path(workdir)
@@ -131,18 +57,192 @@ def split_state(state: dict) -> tuple[dict, dict]:
     return state["params"], {k: v for k, v in state.items() if k != "params"}
 
 
+def quiet_reported_orbax_errors() -> None:
+    """Leave out of the log and stderr what Orbax and TensorStore print about a failed save or read, which reaches
+    the caller as one error; once per process."""
+    std_logging.getLogger("absl").addFilter(without_orbax_tracebacks)
+    if not getattr(sys.unraisablehook, "drops_abandoned_async_work", False):
+        previous = sys.unraisablehook
+
+        def hook(unraisable):
+            if not is_abandoned_async_work(unraisable):
+                previous(unraisable)
+
+        hook.drops_abandoned_async_work = True
+        sys.unraisablehook = hook
+
+
+def is_abandoned_async_work(unraisable) -> bool:
+    """Work Orbax abandons when a save or read fails, which Python reports as "Exception ignored" when it ends
+    later: a TensorStore callback to the failed save's closed event loop, or a sibling read that raises again when
+    its coroutine is collected."""
+    error, code = unraisable.exc_value, getattr(unraisable.object, "cr_code", None)
+    if code is not None:
+        return f"{os.sep}orbax{os.sep}" in code.co_filename and isinstance(error.__context__, GeneratorExit)
+    frames = traceback.extract_tb(unraisable.exc_traceback)
+    late_callback = any(frame.name == "call_soon_threadsafe" for frame in frames)
+    return isinstance(error, RuntimeError) and str(error) == "Event loop is closed" and late_callback
+
+
+def without_orbax_tracebacks(record: std_logging.LogRecord) -> bool:
+    """Log filter: Orbax logs a failed save with its traceback and TensorStore spec in each thread it passes
+    (hundreds of lines for a full disk, burying the cause), then raises it to the caller, where it becomes one
+    SaveError. Those records are kept when absl logs at INFO (--verbosity)."""
+    return not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname and not logging.level_info())
+
+
 def save(manager: ocp.CheckpointManager, step: int, state: dict) -> None:
-    """Start an async save of the whole state; arrays are copied before this returns, so donation is safe."""
+    """Start an async save of the whole state; arrays are copied before this returns, so donation is safe.
+
+    Raises SaveError if the previous save failed (naming that step) or if this one cannot start."""
+    wait_for_save(manager)
     params, train_state = split_state(state)
-    manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                               train_state=ocp.args.StandardSave(train_state)), force=True)
+    try:
+        manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                                   train_state=ocp.args.StandardSave(train_state)), force=True)
+    except Exception as error:
+        raise save_error(manager, step, error) from error
+
+
+def check_saves(manager: ocp.CheckpointManager) -> None:
+    """Raise SaveError if the save in flight has already failed; cheap enough to call after every step."""
+    if not manager.is_saving_in_progress():
+        wait_for_save(manager)
+
+
+def finish_saves(manager: ocp.CheckpointManager) -> None:
+    """Wait for the save in flight and close the manager: a process that exits during a save floods stderr with
+    the tracebacks of its writer threads (ending in `sys.meta_path is None`). Raises SaveError if that save failed."""
+    try:
+        wait_for_save(manager)
+    finally:
+        manager.close()
+
+
+def wait_for_save(manager: ocp.CheckpointManager) -> None:
+    """Block until the save in flight (if any) ends; SaveError naming its step if it failed."""
+    in_flight = manager.latest_step()  # Orbax lists a step as soon as its save starts, and unlists it if it fails
+    try:
+        manager.wait_until_finished()
+    except Exception as error:
+        raise save_error(manager, in_flight, error) from error
+
+
+def save_error(manager: ocp.CheckpointManager, step: int | None, error: BaseException) -> SaveError:
+    """One line: the step, the folder, the cause in words, the last good step and what to do."""
+    code = os_error_code(error)
+    cause = os.strerror(code).lower() if code else first_line(root_cause(error))
+    remedy = {errno.ENOSPC: "free space there", errno.EDQUOT: "free space there",
+              errno.EACCES: "make the folder writable", errno.EPERM: "make the folder writable",
+              errno.EROFS: "make the folder writable"}.get(code, "fix that")
+    last_good = manager.latest_step()
+    if last_good is None:
+        kept, rerun = "no checkpoint was saved before it", "start again"
+    else:
+        kept, rerun = f"the last good checkpoint is step {last_good}", f"resume from step {last_good}"
+    return SaveError(f"could not save step {step} in {manager.directory}: {cause}; {kept}. {remedy.capitalize()}, "
+                     f"then rerun the same command to {rerun}")
+
+
+def exception_chain(error: BaseException):
+    """`error`, then what caused it, down to the first exception."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        yield error
+        error = error.__cause__ or error.__context__
+
+
+def root_cause(error: BaseException) -> BaseException:
+    return list(exception_chain(error))[-1]
+
+
+def os_error_code(error: BaseException) -> int | None:
+    """The errno behind `error`: an OSError's, or the one TensorStore writes into its message (os_error_code=28)."""
+    for link in exception_chain(error):
+        if isinstance(link, OSError) and link.errno:
+            return link.errno
+        found = re.search(r"os_error_code='?(\d+)", str(link))
+        if found:
+            return int(found.group(1))
+    return None
+
+
+def first_line(error: BaseException, limit: int = 160) -> str:
+    """The start of an error's message, without TensorStore's spec dump (nor a KeyError's quotes)."""
+    message = str(error.args[0] if isinstance(error, KeyError) and error.args else error)
+    text = (message.strip().splitlines() or [type(error).__name__])[0].split(" [tensorstore_spec=")[0]
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def restore_latest(manager: ocp.CheckpointManager, abstract_state: dict) -> tuple[int, dict | None]:
+    """(step, state) of the newest checkpoint that can be read, (0, None) when there is none.
+
+    One that cannot be read (a file truncated or missing) is skipped with a warning and the next older one is
+    tried. Once one is read, the skipped ones are moved aside whole to checkpoints/<step>.unreadable, which Orbax
+    does not list, so the run can save those steps again and their files stay for a post-mortem. When none can
+    be read nothing is moved and the error names them."""
+    failures = {}
+    for step in sorted(manager.all_steps(), reverse=True):
+        state, reason = readable_state(manager, step, abstract_state)
+        if state is not None:
+            set_aside(manager, failures)
+            return step, state
+        failures[step] = reason
+    if failures:
+        listed = ", ".join(f"{step} ({reason})" for step, reason in failures.items())
+        raise UnreadableCheckpointsError(f"{manager.directory}: no checkpoint can be read, steps {listed}; move "
+                                         "those folders out of it to start from step 0, or use a new --workdir")
+    return 0, None
+
+
+def set_aside(manager: ocp.CheckpointManager, failures: dict[int, str]) -> None:
+    """Move each unreadable step's folder to <step>.unreadable (process 0, then every process reloads)."""
+    if not failures:
+        return
+    for step, reason in failures.items():
+        folder = manager.directory / str(step)
+        aside = folder.parent / f"{step}.unreadable"
+        suffix = 1
+        while aside.exists():
+            aside, suffix = folder.parent / f"{step}.unreadable-{suffix}", suffix + 1
+        logging.warning("skipping the checkpoint of step %d in %s: %s; its files are kept in %s", step,
+                        manager.directory, reason, aside.name)
+        if jax.process_index() == 0:
+            storage.move_tree(folder, aside)
+    multihost_utils.sync_global_devices("bert_jax: unreadable checkpoints set aside")
+    manager.reload()
+
+
+def readable_state(manager: ocp.CheckpointManager, step: int, abstract_state: dict) -> tuple[dict | None, str]:
+    """(state, "") or (None, why it cannot be read, in a few words)."""
+    try:
+        return restore(manager, step, abstract_state), ""
+    except Exception as error:  # noqa: BLE001 - TensorStore, JSON and Orbax raise their own types, bare Exception too
+        return None, unreadable_reason(error)
+
+
+UNREADABLE_REASONS = (("NOT_FOUND", "a file is missing"), ("OUT_OF_RANGE", "a file is truncated or missing"),
+                      ("Truncated", "a file is truncated or missing"), ("DATA_LOSS", "a file is corrupt"),
+                      ("FAILED_PRECONDITION", "a file is corrupt"), ("JSONDecodeError", "a metadata file is corrupt"),
+                      ("FileNotFoundError", "a file is missing"))
+
+
+def unreadable_reason(error: BaseException) -> str:
+    """Why a checkpoint cannot be read, in a few words, rather than TensorStore's spec dump."""
+    root = root_cause(error)
+    described = f"{type(root).__name__}: {root}"
+    return next((reason for marker, reason in UNREADABLE_REASONS if marker in described), first_line(root))
 
 
 def restore(manager: ocp.CheckpointManager, step: int, abstract_state: dict) -> dict:
     """The state at `step`, each leaf placed as its ShapeDtypeStruct's sharding says. A checkpoint written before
     the model padded its vocabulary resumes too: its vocabulary tensors (parameters and optimizer moments) grow
     with zero rows, which the padded logits never use."""
-    rows = stored_vocab_rows(manager.item_metadata(step)["params"].tree)
+    stored = manager.item_metadata(step)["params"]
+    if stored is None:
+        raise FileNotFoundError(f"{manager.directory / str(step) / 'params'}: no parameter metadata")
+    rows = stored_vocab_rows(stored.tree)
     target = unpadded_vocab_target(abstract_state, rows)
     params, train_state = split_state(target)
     restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(params),

@@ -10,6 +10,7 @@ import pathlib
 
 import ml_collections
 
+from bert_jax.errors import UserError
 from bert_jax.input_pipeline import config as input_config
 
 FAMILIES = ("bert", "roberta", "albert", "electra")
@@ -22,7 +23,7 @@ ATTENTION_IMPLS = ("auto", "xla", "cudnn", "reference")
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A config value that cannot work; the message names the key."""
 
 
@@ -169,6 +170,11 @@ def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
     tiny = size == "tiny"
     lamb = family == "albert"  # ALBERT trained with LAMB, the others with Adam
     return ml_collections.ConfigDict(dict(
+        # Continued pretraining: start the parameters from anything load_pretrained reads (HF folder, TF1
+        # checkpoint, bert_jax workdir or export); the optimizer, step and data start afresh. Ignored (and said so)
+        # once the workdir holds a checkpoint of its own.
+        init_from="",
+        init_exclude="",  # a regex over '/'-joined parameter paths: matching ones start random (e.g. "pooler|head")
         total_steps=200 if tiny else 1_000_000,
         log_every_steps=10 if tiny else 100,
         checkpoint_every_steps=100 if tiny else 10_000,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import math
 
@@ -20,16 +21,16 @@ import jax
 import ml_collections
 import numpy as np
 import optax
-import tqdm
-from absl import app, flags, logging
+from absl import flags, logging
 from flax import linen as nn
 
-from bert_jax import checkpoints, modeling, sharding, storage
+from bert_jax import checkpoints, cli, modeling, run_loop, sharding, storage
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import train as train_lib  # also defines the --workdir, --config and distributed flags used here
+from bert_jax import workdir as workdir_lib
+from bert_jax.errors import UserError
 from bert_jax.evaluation import glue_metrics
 from bert_jax.evaluation import squad as squad_eval
-from bert_jax.metrics_writer import MetricsWriter
 from bert_jax.modeling.transformer import padded_vocab_size
 from bert_jax.tasks import glue, squad
 from bert_jax.tasks.text import encode_texts
@@ -37,7 +38,7 @@ from bert_jax.tasks.text import encode_texts
 MODEL_INPUTS = ("input_ids", "attention_mask", "token_type_ids")
 
 
-class FinetuneConfigError(ValueError):
+class FinetuneConfigError(UserError, ValueError):
     """A fine-tuning setting that cannot work; the message names the key."""
 
 
@@ -98,11 +99,9 @@ class GlueTask:
         submission_names = glue.submission_names(self.task)
         self.eval_sets = [EvalSet(name, encode(part, name), part.labels, f"predictions/dev/{file}.tsv")
                           for name, file, part in zip(self.task.dev_files, submission_names, load("dev"))]
-        try:
-            test = load("test")
-        except glue.GlueDataError as e:
-            logging.info("no %s test split, so no submission file (%s)", self.task.name, e)
-            test = []
+        test = load("test") if glue.has_test_files(self.task, config.data_dir) else []
+        if not test:
+            logging.info("no %s test files in %s, so no submission file", self.task.name, config.data_dir)
         self.eval_sets += [EvalSet(name, encode(part, name), None, f"predictions/test/{file}.tsv")
                            for name, file, part in zip(self.task.test_files, submission_names, test)]
 
@@ -263,18 +262,17 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     task = make_task(config, pretrained.tokenizer, config.model.family)
     num_train = len(task.train_features["input_ids"])
     total_steps = math.ceil(num_train * config.num_epochs / config.batch_size)
-    train_lib.announce("%s: %d training examples, %d steps of %d; evaluation sets %s", config.task, num_train,
+    run_loop.announce("%s: %d training examples, %d steps of %d; evaluation sets %s", config.task, num_train,
                        total_steps, config.batch_size, [s.name for s in task.eval_sets])
     if total_steps < 1:
         raise FinetuneConfigError(f"config.num_epochs={config.num_epochs} over {num_train} examples gives no steps")
-    workdir = checkpoints.prepare_workdir(workdir)
-    checkpoints.check_same_model(workdir, config)
-    checkpoints.write_config(workdir, config)
+    opt = optimizer_config(config.optimizer, total_steps)
+    optimizer_lib.validate(opt, total_steps, config.batch_size)
+    workdir_lib.check(workdir, config)
+    workdir = workdir_lib.create(workdir, config)
 
     # ---- Model, optimizer, state shardings; the pretrained backbone goes in, the head starts random --------------
     model = task.model(config.model)
-    opt = optimizer_config(config.optimizer, total_steps)
-    optimizer_lib.validate(opt, total_steps, config.batch_size)
     tx = optimizer_lib.make_optimizer(opt, total_steps)
     schedule = optimizer_lib.learning_rate_schedule(opt, total_steps)
     init_fn = functools.partial(train_lib.initial_state, model, tx)
@@ -282,11 +280,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     state_shardings = sharding.mesh_shardings(boxed_state, mesh)
     batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     manager = checkpoints.checkpoint_manager(workdir, config.keep_checkpoints)
-    start_step = manager.latest_step() or 0
+    start_step, state = checkpoints.restore_latest(manager,
+                                                   checkpoints.abstract_tree(nn.unbox(boxed_state), state_shardings))
     if start_step:
-        train_lib.announce("resuming from %s at step %d", manager.directory, start_step)
-        state = checkpoints.restore(manager, start_step,
-                                    checkpoints.abstract_tree(nn.unbox(boxed_state), state_shardings))
+        run_loop.announce("resuming from %s at step %d", manager.directory, start_step)
     else:
         state = jax.jit(lambda rng: nn.unbox(init_fn(rng)), out_shardings=state_shardings)(jax.random.key(config.seed))
         state["params"]["backbone"] = jax.device_put(pretrained.backbone_params(),
@@ -306,51 +303,27 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         k: v for k, v in model.apply({"params": params}, **batch).items() if k in task.output_keys}, mesh),
                          in_shardings=(state_shardings["params"], batch_sharding), out_shardings=replicated)
 
-    # ---- Loop: step, log, checkpoint ------------------------------------------------------------------------------
-    writer = MetricsWriter(workdir, start_step)
-    save_points = train_lib.SavePoints(config.checkpoint_every_steps, config.checkpoint_every_secs, total_steps,
-                                       config.log_every_steps)
-    progress = tqdm.tqdm(total=total_steps, initial=start_step, disable=jax.process_index() != 0, unit="step",
-                         dynamic_ncols=True)
-    pending, last_log = [], start_step
-    try:
-        for step in range(start_step, total_steps):
-            rows = batch_rows(num_train, config.batch_size, config.seed, step)
-            state, metrics = step_fn(state, global_rows_batch(task.train_features, rows, config.length_bucket,
-                                                              batch_sharding))
-            pending.append(metrics)
-            done = step + 1
-            progress.update(1)
-            save_now, stop_now = save_points.at(done)
-            if done % config.log_every_steps == 0 or save_now:
-                summary, _ = train_lib.summarize(pending, last_log, config.nan_policy)
-                writer.write(done, summary)
-                progress.set_postfix(loss=f"{summary['loss']:.4f}")
-                pending, last_log = [], done
-            if save_now:
-                checkpoints.save(manager, done, state)
-                save_points.saved()
-            if stop_now:
-                train_lib.announce("stopped by signal at step %d; checkpoint saved, rerun to continue", done)
-                return {}
-
-        # ---- Predict and score every evaluation set ----------------------------------------------------------------
+    def evaluate(state) -> dict[str, float]:
+        """Predict every evaluation set, write its prediction files and score it."""
         results = {}
         for eval_set in task.eval_sets:
             outputs = predict_all(predict_fn, state["params"], eval_set.features, config.eval_batch_size,
                                   batch_sharding, config.length_bucket)
             results.update({f"{eval_set.name}_{k}": v for k, v in task.finish(eval_set, outputs, workdir).items()})
-        writer.write(total_steps, results)
-        train_lib.announce("results: %s", json.dumps(results))
-        if jax.process_index() == 0:
-            storage.atomic_write(workdir / "results.json", json.dumps(results, indent=1))
-    finally:
-        manager.wait_until_finished()
-        manager.close()
-        save_points.close()
-        progress.close()
-        writer.close()
-    return results
+        return results
+
+    # ---- The run loop; after the last step every evaluation set is predicted and scored ----------------------------
+    batches = (global_rows_batch(task.train_features, batch_rows(num_train, config.batch_size, config.seed, step),
+                                 config.length_bucket, batch_sharding) for step in itertools.count(start_step))
+    loop_schedule = run_loop.Schedule(total_steps, config.log_every_steps, config.checkpoint_every_steps,
+                                      config.checkpoint_every_secs, config.nan_policy)
+    outcome = run_loop.run(state, start_step, batches, step_fn, loop_schedule, workdir, manager, evaluate)
+    if outcome.stopped:
+        return {}
+    run_loop.announce("results: %s", json.dumps(outcome.evaluation))
+    if jax.process_index() == 0:
+        storage.atomic_write(workdir / workdir_lib.RESULTS_FILE, json.dumps(outcome.evaluation, indent=1))
+    return outcome.evaluation
 
 
 def with_model(config: ml_collections.ConfigDict, model: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -370,4 +343,4 @@ def optimizer_config(opt: ml_collections.ConfigDict, total_steps: int) -> ml_col
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(train_lib.cli_main(train_and_evaluate, train_lib.USER_ERRORS + (FinetuneConfigError,)))
+    cli.run(train_lib.command(train_and_evaluate))

@@ -15,8 +15,8 @@ import time
 import jax
 
 from bert_jax import storage
+from bert_jax.workdir import METRICS_FILE, TENSORBOARD_DIR
 
-METRICS_FILE = "metrics.jsonl"
 
 
 def machine_description() -> str:
@@ -44,7 +44,7 @@ class MetricsWriter:
         self._jsonl = workdir / METRICS_FILE
         self._rows = [line + "\n" for line in (self._jsonl.read_text().splitlines() if self._jsonl.exists() else [])
                       if line.strip() and json.loads(line)["step"] <= start_step]
-        self._events_file = workdir / "tensorboard" / (
+        self._events_file = workdir / TENSORBOARD_DIR / (
             f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.v2")
         storage.make_dirs(self._events_file.parent)
         self._events = bytearray(storage.framed(event_pb2.Event(wall_time=time.time(),
@@ -54,8 +54,14 @@ class MetricsWriter:
             data_class=summary_pb2.DATA_CLASS_SCALAR)
 
     def write(self, step: int, metrics: dict[str, float]) -> None:
+        """Add a row; metrics of a step that already has the last row (an evaluation after the step's training
+        metrics, a rerun's final evaluation) join that row, so each step has one."""
         if not self.active:
             return
+        last = json.loads(self._rows[-1]) if self._rows else {}
+        if last.get("step") == step:
+            self._rows.pop()
+            metrics = {**last, **metrics}
         self._rows.append(json.dumps({"step": step, **metrics}) + "\n")
         storage.atomic_write(self._jsonl, "".join(self._rows))
         self._events += b"".join(storage.framed(self._scalar_event(step, name, value).SerializeToString())

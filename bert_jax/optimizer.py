@@ -9,12 +9,14 @@ import jax
 import ml_collections
 import optax
 
+from bert_jax.errors import UserError
+
 OPTIMIZERS = ("adamw", "lamb")
 DECAYS = ("linear", "polynomial")
 NO_DECAY_NAMES = ("bias", "scale")
 
 
-class OptimizerConfigError(ValueError):
+class OptimizerConfigError(UserError, ValueError):
     """A config.optimizer value that cannot work; the message names the key."""
 
 

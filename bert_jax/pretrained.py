@@ -16,6 +16,7 @@ Every path may be local or a bucket URL (gs://...): files are read and written t
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import io
@@ -31,8 +32,10 @@ import safetensors.numpy
 from flax import linen as nn
 
 from bert_jax import checkpoints, config_lib, modeling, sharding, state_dict, storage, tf_checkpoint
+from bert_jax.errors import UserError
 from bert_jax.input_pipeline import tokenizers as tokenizer_lib
 from bert_jax.modeling.transformer import pad_vocab, to_unscanned_layout
+from bert_jax.state_dict import LoadError
 
 LENGTH_BUCKET = 32  # tokenize() pads batches to a multiple of this many tokens
 TASKS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator", "both")
@@ -46,8 +49,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 
 
-class LoadError(ValueError):
-    """A path or task that load_pretrained cannot use; the message names the file and what would work."""
+class OutputExistsError(UserError, FileExistsError):
+    """save_pretrained's output folder already holds files; nothing was written."""
 
 
 def head_of(task: str) -> str:
@@ -106,13 +109,8 @@ class Pretrained:
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         """[CLS] text [SEP] per text, truncated to the model's length and padded to the longest."""
-        length = self._max_tokens()
+        length = max_tokens(self.config)
         return self._batch([tokens[:length - 2] for tokens in self._require_tokenizer().encode_batch(list(texts))])
-
-    def _max_tokens(self) -> int:
-        """The longest input the position table takes: RoBERTa's positions start after pad_token_id."""
-        cfg = self.config
-        return cfg.max_position_embeddings - (cfg.pad_token_id + 1 if cfg.family == "roberta" else 0)
 
     def _require_tokenizer(self) -> tokenizer_lib.Tokenizer:
         if self.tokenizer is None:
@@ -125,7 +123,7 @@ class Pretrained:
         rows = [[special.cls, *tokens, special.sep] for tokens in token_lists]
         # Pad to a multiple of LENGTH_BUCKET so that batches of similar length reuse one compiled encoder.
         longest = max(len(row) for row in rows)
-        length = min(-(-longest // LENGTH_BUCKET) * LENGTH_BUCKET, self._max_tokens())
+        length = min(-(-longest // LENGTH_BUCKET) * LENGTH_BUCKET, max_tokens(self.config))
         input_ids = np.full((len(rows), length), special.pad, np.int32)
         attention_mask = np.zeros((len(rows), length), np.int32)
         for i, row in enumerate(rows):
@@ -169,6 +167,11 @@ class Pretrained:
                                                 inputs["token_type_ids"]))[0]
         probabilities = np.asarray(jax.nn.softmax(logits[inputs["input_ids"][0] == tokenizer.special.mask], -1))
         return [[(tokenizer.id_to_token(int(i)), float(p[i])) for i in np.argsort(-p)[:top_k]] for p in probabilities]
+
+
+def max_tokens(config: ml_collections.ConfigDict) -> int:
+    """The longest input a model's position table takes: RoBERTa's positions start after pad_token_id."""
+    return config.max_position_embeddings - (config.pad_token_id + 1 if config.family == "roberta" else 0)
 
 
 def narrow(params, config, have: str, want: str):
@@ -230,7 +233,10 @@ def read_checkpoint(path: storage.Path, mesh=None):
     if directories:
         configs = {name: _read_json(d / "config.json") for name, d in directories.items()}
         states = {name: read_hf_weights(d) for name, d in directories.items()}
-        return (*from_hf(configs, states), find_tokenizer(next(iter(directories.values()))))
+        config, task, params = from_hf(configs, states)
+        first = next(iter(directories.values()))
+        check_position_numbering(config, task, params, first / "config.json")
+        return config, task, params, find_tokenizer(first)
     if tf_checkpoint.index_file(path).exists() or list(path.glob("*.index")) or (path / "checkpoint").exists():
         return (*from_hf(*tf_checkpoint.read(path)), find_tokenizer(path if path.is_dir() else path.parent))
     raise LoadError(f"{path}: not a checkpoint. Expected an HF directory (config.json + {' or '.join(HF_WEIGHTS)}), "
@@ -258,6 +264,25 @@ def from_hf(configs: dict[str, dict], states: dict[str, dict]):
     generator = state_dict.config_from_hf(configs["generator"], pooler=False)
     config.generator.update({key: generator[key] for key in config.generator})
     return config, "both", state_dict.electra_params_from_hf(states["discriminator"], states["generator"], config)
+
+
+def check_position_numbering(config, task: str, params, config_file: storage.Path) -> None:
+    """Refuse a config.json that says roberta over weights numbering positions from 0 (BERT's, e.g. MiniLM saved
+    without its 'bert.' prefix): they would load with every position shifted by pad_token_id + 1, silently. RoBERTa
+    never trains row pad_token_id of its position table (padding only: HF and fairseq keep it at zero, bert_jax near
+    its initial scale), so that row standing well above the others is a trained position of another family."""
+    if config.family != "roberta":
+        return
+    table = narrow(params, config, task, "backbone")[0]["embeddings"]["position_embeddings"]["embedding"]
+    norms = np.linalg.norm(np.asarray(table, np.float32), axis=-1)
+    pad = config.pad_token_id
+    padding_row, typical_row = float(norms[pad]), float(np.median(norms[pad + 1:]))
+    if padding_row > 2 * typical_row:
+        raise LoadError(f'{config_file} says "model_type": "roberta", but row {pad} of '
+                        f"embeddings.position_embeddings.weight, RoBERTa's never-trained padding position "
+                        f"(pad_token_id={pad}), is trained (norm {padding_row:.2f}, other rows' median "
+                        f"{typical_row:.2f}): these weights number positions from 0. If the model is a BERT (e.g. "
+                        'MiniLM), set "model_type": "bert" in config.json')
 
 
 def read_hf_weights(directory: storage.Path) -> dict[str, np.ndarray]:
@@ -326,18 +351,38 @@ def read_workdir(workdir: storage.Path, step: int | None, mesh=None):
     handlers = {"params": ocp.StandardCheckpointHandler()}  # the train_state item is left alone
     with ocp.CheckpointManager(workdir / "checkpoints", item_names=("params", "train_state"),
                                item_handlers=handlers) as manager:
-        if not manager.all_steps():
+        steps = sorted(manager.all_steps())
+        if not steps:
             raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint saved yet")
-        step = manager.latest_step() if step is None else step
-        stored = manager.item_metadata(step)["params"].tree
+        step = steps[-1] if step is None else step
+        folder = workdir / "checkpoints" / str(step)
+        with _read_errors_named(folder, step, steps):
+            stored = manager.item_metadata(step)["params"]
+            if stored is None:
+                raise FileNotFoundError(f"{folder / 'params'}: no parameter metadata")
         target = abstract_target(state_dict.model_for_head(config, head_of(task)), mesh)
-        target = checkpoints.unpadded_vocab_target(target, checkpoints.stored_vocab_rows(stored))
+        target = checkpoints.unpadded_vocab_target(target, checkpoints.stored_vocab_rows(stored.tree))
         try:  # compare the stored shapes first, for an error that names the parameters
-            state_dict.check_shapes(stored, target)
+            state_dict.check_shapes(stored.tree, target)
         except state_dict.ConversionError as e:
-            raise LoadError(f"{workdir / 'checkpoints' / str(step)}: params do not match config.json: {e}") from e
-        restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
+            raise LoadError(f"{folder}: params do not match config.json: {e}") from e
+        with _read_errors_named(folder, step, steps):
+            restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
     return config, task, pad_vocab(restored["params"], config)
+
+
+@contextlib.contextmanager
+def _read_errors_named(folder: storage.Path, step: int, steps: list[int]):
+    """Orbax's and TensorStore's read errors (a file of the step truncated or missing) as one LoadError naming the
+    step's folder and another step to load; no narrower exception type covers them all."""
+    checkpoints.quiet_reported_orbax_errors()
+    try:
+        yield
+    except Exception as error:  # TensorStore, JSON and Orbax raise their own types, bare Exception too
+        others = [s for s in steps if s != step]
+        instead = f"load another step ({folder.parent / str(others[-1])})" if others else "save or copy it again"
+        raise LoadError(f"{folder}: cannot read the checkpoint of step {step} "
+                        f"({checkpoints.unreadable_reason(error)}); {instead}") from error
 
 
 def _workdir_tokenizer(workdir: storage.Path) -> tokenizer_lib.Tokenizer | None:
@@ -350,7 +395,7 @@ def _workdir_tokenizer(workdir: storage.Path) -> tokenizer_lib.Tokenizer | None:
     in_repository = () if named.is_absolute() else (storage.as_path(config_lib.CONFIG_DIR.parent / named),)
     for path in (named, *in_repository):
         if path.exists():
-            return tokenizer_lib.load_tokenizer(data["tokenizer_kind"], path)
+            return tokenizer_lib.load_tokenizer(data["tokenizer_kind"], path, data.get("lowercase", True))
     return None
 
 
@@ -388,9 +433,7 @@ def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) ->
     path = storage.as_path(path)
     if format not in ("hf", "bert_jax"):
         raise ValueError(f"format={format!r}; choose 'hf' or 'bert_jax'")
-    storage.check_bucket(path)
-    if path.exists() and any(path.iterdir()):
-        raise FileExistsError(f"{path} exists and is not empty; choose a new output path")
+    check_output_free(path)
     staging = storage.make_dirs(path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if format == "hf":
@@ -406,13 +449,21 @@ def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) ->
     return path
 
 
-def _host_params(obj: Pretrained) -> dict:
+def check_output_free(path: storage.PathLike) -> None:
+    """Raise OutputExistsError unless `path` is absent or an empty folder (callers check before a long load)."""
+    path = storage.as_path(path)
+    storage.check_bucket(path)
+    if path.exists() and any(path.iterdir()):
+        raise OutputExistsError(f"{path} exists and is not empty; choose a new output path")
+
+
+def host_params(obj: Pretrained) -> dict:
     """Params as numpy in the unscanned layout that the HF tables read."""
     return to_unscanned_layout(jax.tree.map(np.asarray, jax.device_get(obj.params)))
 
 
 def write_hf(obj: Pretrained, directory: storage.Path) -> None:
-    params = _host_params(obj)
+    params = host_params(obj)
     if obj.task == "both":
         states = state_dict.electra_params_to_hf(params, obj.config)
         configs = {"discriminator": obj.config, "generator": config_lib.generator_config(obj.config)}

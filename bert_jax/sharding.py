@@ -22,6 +22,8 @@ import numpy as np
 from flax import linen as nn
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
+from bert_jax.errors import UserError
+
 MESH_AXES = ("data", "fsdp", "tensor")
 PARAMETER_RULES = (
     ("batch", ("data", "fsdp")),
@@ -79,7 +81,7 @@ def constrain(x, names: tuple):
     return x if rules is None else nn.with_logical_constraint(x, names, rules=rules)
 
 
-class MeshError(ValueError):
+class MeshError(UserError, ValueError):
     """A mesh shape that the devices or the batch cannot take; the message says which and what would fit."""
 
 

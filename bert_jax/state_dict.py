@@ -16,11 +16,11 @@ from __future__ import annotations
 from typing import Iterator, Mapping
 
 import numpy as np
+from flax import linen as nn
 from flax import traverse_util
 
-from flax import linen as nn
-
 from bert_jax import config_lib, modeling
+from bert_jax.errors import UserError
 from bert_jax.modeling.transformer import pad_vocab, unpad_vocab
 
 BASE_PREFIX = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra": "electra"}
@@ -39,8 +39,13 @@ KIND_PARAMS = {
 }
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError, ValueError):
     """The checkpoint does not fit the model; the message lists the tensors concerned."""
+
+
+class LoadError(UserError, ValueError):
+    """A checkpoint that cannot be read, or a task load_pretrained cannot give; the message names the file (and
+    step) and what would work. Defined here, below pretrained and tf_checkpoint, so that both can raise it."""
 
 
 def _layer_modules(family: str, hf_layer: str, ours: str) -> list[tuple[str, str, str]]:

@@ -19,6 +19,8 @@ from typing import Iterable, Iterator
 os.environ.setdefault("EPATH_USE_TF", "false")  # read when a path is used: buckets through fsspec, not tf.io.gfile
 from etils import epath  # noqa: E402
 
+from bert_jax.errors import UserError
+
 Path = epath.Path
 PathLike = epath.PathLike
 # The fsspec package each bucket scheme needs (epath knows these schemes); gcsfs is a dependency of bert_jax.
@@ -27,7 +29,7 @@ GLOB_CHARACTERS = "*?["
 logging.getLogger("gcsfs").setLevel(logging.ERROR)  # it warns on every bucket that it cannot ask the layout API
 
 
-class StorageError(OSError):
+class StorageError(UserError, OSError):
     """A path that cannot be used: the message names it and says what to do."""
 
 

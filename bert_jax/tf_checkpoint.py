@@ -14,7 +14,7 @@ import re
 import numpy as np
 
 from bert_jax import storage
-from bert_jax.state_dict import ConversionError
+from bert_jax.state_dict import ConversionError, LoadError
 
 # Optimizer slots and step counters that training checkpoints carry next to the weights.
 TRAINING_STATE = re.compile(r"(/adam_[mv]|^global_step)$")
@@ -160,8 +160,9 @@ def read(path: storage.PathLike) -> tuple[dict[str, dict], dict[str, dict[str, n
             reader = tf.train.load_checkpoint(os.path.join(folder, prefix.name))
             shapes = {n: s for n, s in reader.get_variable_to_shape_map().items() if not TRAINING_STATE.search(n)}
             tf_state = {name: reader.get_tensor(name) for name in shapes}
-    except (tf.errors.OpError, ValueError) as e:
-        raise ConversionError(f"{prefix}: cannot read the TF checkpoint ({e})") from e
+    except (tf.errors.OpError, ValueError, IndexError, OSError) as e:  # a truncated .data-* file: IndexError
+        raise LoadError(f"{prefix}: cannot read the TF checkpoint ({e}); its .index or .data-* file is truncated or "
+                        f"missing — copy {prefix.name}.* into {prefix.parent} again") from e
     family = detect_family(shapes)
     state = to_hf_state(tf_state, family)
     if family == "electra":

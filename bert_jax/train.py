@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import itertools
-import signal
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -19,39 +18,25 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
-import tqdm
-from absl import app, flags, logging
+from absl import flags
 from flax import linen as nn
-from jax.experimental import multihost_utils
 from ml_collections import config_flags
 
-from bert_jax import checkpoints, flops, objectives, sharding, storage
+from bert_jax import checkpoints, cli, config_lib, flops, init_from, objectives, run_loop, sharding
 from bert_jax import optimizer as optimizer_lib
-from bert_jax.metrics_writer import MetricsWriter
+from bert_jax import workdir as workdir_lib
+from bert_jax.errors import UserError
 from bert_jax.modeling import count_params, dummy_inputs, pretraining_model
 from bert_jax.modeling.transformer import attention_kernel, padded_vocab_size
 
-NAN_POLICIES = ("stop", "skip")
 
-
-class TrainConfigError(ValueError):
+class TrainConfigError(UserError, ValueError):
     """A trainer setting that cannot work; the message names the key."""
-
-
-class NonFiniteLossError(RuntimeError):
-    """The loss became NaN or Inf under nan_policy='stop'; the update was not applied and nothing was saved."""
 
 
 # ------------------------------------------------------------------------------------------------------------------
 # Pieces of the loop: each is a pure function or a small object; `train_and_evaluate` puts them in order.
 # ------------------------------------------------------------------------------------------------------------------
-
-
-def announce(message: str, *args) -> None:
-    """A line for the person watching process 0 (above the progress bar), also in the log."""
-    logging.info(message, *args)
-    if jax.process_index() == 0:
-        tqdm.tqdm.write(message % args)
 
 
 def enable_compilation_cache(directory: str) -> None:
@@ -60,8 +45,15 @@ def enable_compilation_cache(directory: str) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
 
 
+def check_objective(config: ml_collections.ConfigDict) -> None:
+    if config.objective not in objectives.OBJECTIVES:
+        raise TrainConfigError(f"config.objective={config.objective!r}: must be one of {objectives.OBJECTIVES}")
+
+
 def validate(config: ml_collections.ConfigDict, mesh) -> None:
-    """Raise (naming the key) before any compute for settings the loop or the mesh cannot take."""
+    """Raise (naming the key) before any compute for settings the model, the loop or the mesh cannot take."""
+    check_objective(config)
+    config_lib.validate_model_config(config.model, needs_generator=config.objective == "rtd")
     for key in ("total_steps", "log_every_steps", "checkpoint_every_steps", "keep_checkpoints"):
         if config[key] < 1:
             raise TrainConfigError(f"config.{key}={config[key]!r}: must be >= 1")
@@ -70,8 +62,8 @@ def validate(config: ml_collections.ConfigDict, mesh) -> None:
                                "(0: no time-based saves)")
     if config.eval_every_steps < 0 or config.eval_steps < 1:
         raise TrainConfigError("config.eval_every_steps must be >= 0 (0: no evaluation) and config.eval_steps >= 1")
-    if config.nan_policy not in NAN_POLICIES:
-        raise TrainConfigError(f"config.nan_policy={config.nan_policy!r}: must be one of {NAN_POLICIES}")
+    if config.nan_policy not in run_loop.NAN_POLICIES:
+        raise TrainConfigError(f"config.nan_policy={config.nan_policy!r}: must be one of {run_loop.NAN_POLICIES}")
     optimizer_lib.validate(config.optimizer, config.total_steps, config.data.batch_size)
     micro_batch = config.data.batch_size // config.optimizer.grad_accum_steps
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -84,15 +76,22 @@ def validate(config: ml_collections.ConfigDict, mesh) -> None:
                               padded_vocab_size(config.model))
 
 
-def pretraining_batches(config, start_step: int, process_index: int, process_count: int):
-    """This host's numpy batches from batch `start_step` on (the input pipeline's contract)."""
+def pretraining_data(config: ml_collections.ConfigDict, process_index: int, process_count: int):
+    """The input pipeline, built before the workdir is touched (files, tokenizer and corpus are checked here); returns
+    the trainer's `batches_fn(config, start_step, process_index, process_count)`: this host's numpy batches from
+    batch `start_step` on. Another seed (the evaluation stream) builds its own pipeline."""
     from bert_jax.input_pipeline import PretrainingPipeline
 
     pipeline = PretrainingPipeline(config, process_index, process_count)
     if pipeline.tokenizer.vocab_size > config.model.vocab_size:
         raise TrainConfigError(f"config.model.vocab_size={config.model.vocab_size} is smaller than the tokenizer's "
                                f"{pipeline.tokenizer.vocab_size} ids ({config.data.tokenizer_path}); raise it")
-    return pipeline.dataset(start_step * pipeline.local_batch_size).as_numpy_iterator()
+
+    def batches(wanted, start_step: int, process_index: int, process_count: int):
+        source = pipeline if wanted.seed == config.seed else PretrainingPipeline(wanted, process_index, process_count)
+        return source.dataset(start_step * source.local_batch_size).as_numpy_iterator()
+
+    return batches
 
 
 def global_batch(local_batch: dict, batch_sharding) -> dict:
@@ -172,73 +171,6 @@ def measured_peak_flops() -> float:
     return 2 * n ** 3 * reps / (time.perf_counter() - start)
 
 
-def summarize(pending: list[dict], first_step: int, nan_policy: str) -> tuple[dict, int]:
-    """Mean metrics of the steps since the last log, and how many updates were skipped as non-finite.
-
-    Under nan_policy='stop' a non-finite step raises, naming it; the state still holds the last good parameters.
-    """
-    fetched = jax.device_get(pending)
-    finite = np.array([m.pop("finite") for m in fetched])
-    if not finite.all() and nan_policy == "stop":
-        bad = first_step + int(np.argmin(finite)) + 1
-        raise NonFiniteLossError(f"the loss or gradient is NaN/Inf at step {bad}; stopping without applying or "
-                                 "saving it, the last checkpoint is intact. Lower the learning rate, or set "
-                                 "config.nan_policy=skip to skip such updates")
-    good = [m for m, ok in zip(fetched, finite) if ok] or fetched
-    means = {k: float(np.mean([m[k] for m in good])) for k in good[0]}
-    return means, int((~finite).sum())
-
-
-def preemption_notices() -> bool:
-    """Whether JAX's multi-host preemption service runs (after jax.distributed.initialize): it then receives
-    SIGTERM, TPU maintenance notices included, and names one step at which every host saves."""
-    from jax._src import distributed  # the service's handle; multihost_utils offers no public test for it
-
-    return distributed.global_state.preemption_sync_manager is not None
-
-
-class SavePoints:
-    """When the loop saves and when it stops, the same answer on every process at the same step.
-
-    It saves every `every_steps` steps, when `every_secs` seconds of process 0's clock passed since the last save, at
-    the last step, and then stops on SIGTERM/SIGINT or a preemption notice. Processes compare their signal flags
-    and process 0's clock every `sync_every` steps; a preemption notice is agreed on by JAX's own sync point.
-    """
-
-    def __init__(self, every_steps: int, every_secs: float, last_step: int, sync_every: int):
-        self.every_steps, self.every_secs, self.last_step, self.sync_every = (every_steps, every_secs, last_step,
-                                                                              sync_every)
-        self.signalled, self.last_save = False, time.monotonic()
-        self.notices = preemption_notices()
-        handled = (signal.SIGINT,) if self.notices else (signal.SIGTERM, signal.SIGINT)
-        self._previous = {s: signal.signal(s, self._handle) for s in handled}
-
-    def _handle(self, signum, frame):
-        logging.warning("received signal %d: saving a checkpoint and stopping", signum)
-        self.signalled = True
-
-    def at(self, step: int) -> tuple[bool, bool]:
-        """(save, stop) after `step` updates."""
-        preempted = self.notices and multihost_utils.reached_preemption_sync_point(step)
-        local = np.array([self.signalled, 0 < self.every_secs <= time.monotonic() - self.last_save])
-        if jax.process_count() == 1:
-            stop, time_due = local
-        elif step % self.sync_every == 0:
-            flags = multihost_utils.process_allgather(local)
-            stop, time_due = flags[:, 0].any(), flags[0, 1]
-        else:
-            stop, time_due = False, False
-        stop = bool(stop or preempted)
-        return bool(stop or time_due or step % self.every_steps == 0 or step == self.last_step), stop
-
-    def saved(self) -> None:
-        self.last_save = time.monotonic()
-
-    def close(self) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-
 # ------------------------------------------------------------------------------------------------------------------
 # The trainer, top to bottom.
 # ------------------------------------------------------------------------------------------------------------------
@@ -290,50 +222,55 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict:
     return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding) for k, shape in shapes.items()}
 
 
-def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_fn=pretraining_batches) -> dict:
+def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_fn=None) -> dict:
     """Pretrain config.model on config.objective until config.total_steps; returns the final state.
 
-    `batches_fn(config, start_step, process_index, process_count)` yields this host's numpy batches; tests pass
-    synthetic ones.
+    `batches_fn(config, start_step, process_index, process_count)` yields this host's numpy batches (default: the
+    input pipeline); tests pass synthetic ones. Everything that can be checked without compute is checked before
+    the workdir is created.
     """
     process_index, process_count = jax.process_index(), jax.process_count()
     if config.compilation_cache_dir:
         enable_compilation_cache(config.compilation_cache_dir)
-    announce("process %d of %d, %d local / %d global devices", process_index, process_count,
-             jax.local_device_count(), jax.device_count())
 
-    # ---- Mesh, and every check that needs no compute -----------------------------------------------------------
+    # ---- Checks that write nothing: init_from, config, mesh, workdir, data -----------------------------------------
+    check_objective(config)  # init_from reads it
+    config, pretrained = init_from.resolve(config)
     mesh = sharding.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
     validate(config, mesh)
-    workdir = checkpoints.prepare_workdir(workdir)
-    checkpoints.check_same_model(workdir, config)
-    checkpoints.write_config(workdir, config)
-    batch_sharding = sharding.batch_sharding(mesh)
-    announce("mesh %s", dict(mesh.shape))
+    workdir_lib.check(workdir, config)
+    batches_fn = batches_fn or pretraining_data(config, process_index, process_count)
+    run_loop.announce("process %d of %d, %d local / %d global devices; mesh %s", process_index, process_count,
+                      jax.local_device_count(), jax.device_count(), dict(mesh.shape))
+    workdir = workdir_lib.create(workdir, config)
 
     # ---- Model, optimizer, abstract state and its shardings from the logical rules ------------------------------
     program = build_program(config, mesh)
-    state_shardings, init_fn = program.state_shardings, program.init_fn
-    announce("%s: %.2fM parameters; %s attention while training, %s compute", type(program.model).__name__,
-             program.parameter_count / 1e6, attention_kernel(config.model, deterministic=False), config.model.dtype)
+    run_loop.announce("%s: %.2fM parameters; %s attention while training, %s compute", type(program.model).__name__,
+                      program.parameter_count / 1e6, attention_kernel(config.model, deterministic=False),
+                      config.model.dtype)
 
-    # ---- Restore the latest checkpoint, or initialise in place on the mesh -------------------------------------
+    # ---- Restore the newest readable checkpoint, or initialise in place on the mesh (from init_from if given) ----
     manager = checkpoints.checkpoint_manager(workdir, config.keep_checkpoints)
-    start_step = manager.latest_step() or 0
+    start_step, state = checkpoints.restore_latest(manager, program.abstract_state)
     if start_step:
-        announce("resuming from %s at step %d", manager.directory, start_step)
-        state = checkpoints.restore(manager, start_step, program.abstract_state)
+        run_loop.announce("resuming from %s at step %d%s", manager.directory, start_step,
+                          f" (config.init_from={config.init_from} is not read again)" if pretrained else "")
     else:
-        init = jax.jit(lambda rng: nn.unbox(init_fn(rng)), out_shardings=state_shardings)
-        state = init(jax.random.key(config.seed))
+        state = jax.jit(lambda rng: nn.unbox(program.init_fn(rng)), out_shardings=program.state_shardings)(
+            jax.random.key(config.seed))
+        if pretrained:
+            state["params"], report = init_from.initial_params(state["params"], pretrained, config)
+            run_loop.announce("%s", report)
     if start_step >= config.total_steps:
-        announce("step %d: config.total_steps=%d already reached", start_step, config.total_steps)
-        manager.close()
+        run_loop.announce("step %d: config.total_steps=%d already reached", start_step, config.total_steps)
+        checkpoints.finish_saves(manager)
         return state
 
     # ---- Data: batch i is a pure function of (seed, i), so resuming needs only the step ------------------------
-    batches = batches_fn(config, start_step, process_index, process_count)
-    eval_batches = []
+    batch_sharding = sharding.batch_sharding(mesh)
+    batches = (global_batch(b, batch_sharding) for b in batches_fn(config, start_step, process_index, process_count))
+    evaluate = None
     if config.eval_every_steps:
         eval_config = ml_collections.ConfigDict(config.to_dict())
         eval_config.seed = config.seed + 1  # another example order and other masks than training sees
@@ -341,57 +278,19 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
                         for b in itertools.islice(batches_fn(eval_config, 0, process_index, process_count),
                                                   config.eval_steps)]
 
-    step_fn, evaluate = program.step, program.evaluate
-    flops_per_step = flops.train_step_flops(config)
-    peak_flops = (config.peak_flops or measured_peak_flops()) * jax.device_count()
-    tokens_per_step = config.data.batch_size * config.data.seq_length
-    announce("model FLOPs per step %.3g; peak %.3g FLOP/s over %d devices", flops_per_step, peak_flops,
-             jax.device_count())
+        def evaluate(state):
+            results = jax.device_get([program.evaluate(state["params"], b) for b in eval_batches])
+            return {f"eval_{k}": float(np.mean([r[k] for r in results])) for k in results[0]}
 
-    # ---- Loop: step, then log / evaluate / checkpoint on their intervals; a signal saves and stops -------------
-    writer = MetricsWriter(workdir, start_step)
-    save_points = SavePoints(config.checkpoint_every_steps, config.checkpoint_every_secs, config.total_steps,
-                             config.log_every_steps)
-    progress = tqdm.tqdm(total=config.total_steps, initial=start_step, disable=process_index != 0,
-                         unit="step", dynamic_ncols=True)
-    pending, skipped, last_log, last_time = [], 0, start_step, time.perf_counter()
-    try:
-        for step, local_batch in zip(range(start_step, config.total_steps), batches):
-            state, metrics = step_fn(state, global_batch(local_batch, batch_sharding))
-            pending.append(metrics)
-            done = step + 1
-            progress.update(1)
-            save_now, stop_now = save_points.at(done)
-            eval_now = bool(config.eval_every_steps) and done % config.eval_every_steps == 0
-            if done % config.log_every_steps == 0 or save_now or eval_now:
-                summary, newly_skipped = summarize(pending, last_log, config.nan_policy)
-                skipped += newly_skipped
-                now = time.perf_counter()
-                steps_per_second = (done - last_log) / (now - last_time)
-                summary.update(steps_per_second=steps_per_second,
-                               tokens_per_second=steps_per_second * tokens_per_step,
-                               model_flops_per_step=flops_per_step,
-                               mfu=steps_per_second * flops_per_step / peak_flops, skipped_updates=skipped)
-                if eval_now:
-                    results = jax.device_get([evaluate(state["params"], b) for b in eval_batches])
-                    summary.update({f"eval_{k}": float(np.mean([r[k] for r in results])) for k in results[0]})
-                writer.write(done, summary)
-                progress.set_postfix(loss=f"{summary['loss']:.4f}", tok_s=f"{summary['tokens_per_second']:.0f}")
-                announce("step %d: %s", done, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))
-                pending, last_log, last_time = [], done, time.perf_counter()
-            if save_now:
-                checkpoints.save(manager, done, state)
-                save_points.saved()
-            if stop_now:
-                announce("stopped by signal at step %d; checkpoint saved", done)
-                break
-    finally:
-        manager.wait_until_finished()
-        manager.close()
-        save_points.close()
-        progress.close()
-        writer.close()
-    return state
+    throughput = run_loop.Throughput(tokens_per_step=config.data.batch_size * config.data.seq_length,
+                                     flops_per_step=flops.train_step_flops(config),
+                                     peak_flops=(config.peak_flops or measured_peak_flops()) * jax.device_count())
+    run_loop.announce("model FLOPs per step %.3g; peak %.3g FLOP/s over %d devices", throughput.flops_per_step,
+                      throughput.peak_flops, jax.device_count())
+    schedule = run_loop.Schedule(config.total_steps, config.log_every_steps, config.checkpoint_every_steps,
+                                 config.checkpoint_every_secs, config.nan_policy, config.eval_every_steps)
+    return run_loop.run(state, start_step, batches, program.step, schedule, workdir, manager, evaluate,
+                        throughput).state
 
 
 flags.DEFINE_string("workdir", None, "Where config.json, checkpoints/, metrics.jsonl and tensorboard/ go: a "
@@ -405,33 +304,20 @@ flags.DEFINE_integer("num_processes", None, "Processes in a --coordinator_addres
 flags.DEFINE_integer("process_id", None, "This process's index in a --coordinator_address run.")
 
 
-# Errors that name what is wrong and what to do: the command prints their one line, a traceback only with --verbosity.
-USER_ERRORS = (storage.StorageError, checkpoints.WorkdirError, checkpoints.CheckpointMismatchError, TrainConfigError,
-               sharding.MeshError, optimizer_lib.OptimizerConfigError)
-
-
-def cli_main(train_fn, user_errors=USER_ERRORS):
-    """The absl main of a training command (pretraining, fine-tuning): quiet logging, multi-host initialisation,
-    then train_fn(--config, --workdir); `user_errors` end the command with their one-line message and exit code 1."""
+def command(train_fn):
+    """The absl main of a training command (pretraining, fine-tuning): multi-host initialisation, then
+    train_fn(--config, --workdir). bert_jax.cli turns user errors into one line."""
 
     def main(argv):
         del argv
-        verbose = flags.FLAGS["verbosity"].present
-        if not verbose:
-            logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO; --verbosity=0 shows it all
         if flags.FLAGS.coordinator_address or flags.FLAGS.distributed:
             jax.distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
                                        flags.FLAGS.process_id)
-        try:
-            train_fn(flags.FLAGS.config, flags.FLAGS.workdir)
-        except user_errors as e:
-            if verbose:
-                raise
-            raise SystemExit(f"error: {e}") from None
+        train_fn(flags.FLAGS.config, flags.FLAGS.workdir)
 
     return main
 
 
 if __name__ == "__main__":
     flags.mark_flag_as_required("config")
-    app.run(cli_main(train_and_evaluate))
+    cli.run(command(train_and_evaluate))

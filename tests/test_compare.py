@@ -8,6 +8,7 @@ import pytest
 
 from bert_jax import config_lib, flops, storage
 from bert_jax.experiments import compare
+from bert_jax.tasks import glue
 
 DATA = pathlib.Path(__file__).parent / "data"
 
@@ -43,7 +44,7 @@ def test_every_family_gets_the_same_flops_in_its_own_recipe():
 def test_unknown_budget_and_missing_glue_are_named(tmp_path):
     with pytest.raises(config_lib.ConfigError, match="cpu-small"):
         config_lib.load_preset("compare", "cpu-huge")
-    with pytest.raises(FileNotFoundError, match="RTE"):
+    with pytest.raises(glue.GlueDataError, match="RTE"):
         compare.run("test", tmp_path / "work", "data/corpus/*.txt", tmp_path / "no-glue", tmp_path / "results")
 
 
@@ -77,7 +78,7 @@ def test_stages_read_and_write_their_files_in_a_bucket(bucket_dir):
     # A bucket --glue_dir lacking a task is named; an unusable --results_dir fails before any training.
     stsb = DATA / "glue" / "STS-B" / "dev.tsv"
     (storage.as_path(bucket_dir) / "glue" / "STS-B" / "dev.tsv").write_bytes(stsb.read_bytes())
-    with pytest.raises(FileNotFoundError, match=r"lacks the task folders \['RTE'\]"):
+    with pytest.raises(glue.GlueDataError, match=r"lacks the task folders \['RTE'\]"):
         compare.run("test", work, "unused", f"{bucket_dir}/glue", f"{bucket_dir}/results")
     with pytest.raises(storage.StorageError, match="gs://no-such-bucket does not exist"):
         compare.run("test", work, "unused", DATA / "glue", "gs://no-such-bucket/results")

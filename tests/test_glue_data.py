@@ -1,6 +1,6 @@
 """GLUE readers on real TSV samples, bad rows counted and reported, pair packing, submission files and metrics."""
-import logging
 import pathlib
+import re
 
 import numpy as np
 import pytest
@@ -36,29 +36,66 @@ def test_every_task_has_its_official_metrics():
     assert glue.submission_names(glue.TASKS["mnli"]) == ("MNLI-m", "MNLI-mm")
 
 
-def test_bad_rows_are_skipped_counted_and_named(tmp_path, caplog):
-    lines = ["index\tsentence1\tsentence2\tlabel", "0\ta\tb\tentailment", "1\tonly two columns", "2\ta\tb\tmaybe",
-             "3\ta\tb\tnot_entailment", "4\ta\tb\tc\tentailment", "5\ta\tb\tunknown"]
-    path = tmp_path / "train.tsv"
-    path.write_text("\n".join(lines) + "\n")
-    with caplog.at_level(logging.WARNING):
-        part = glue.read_tsv(glue.get_task("rte"), path)
-    assert part.labels.tolist() == [0, 1]
-    messages = [r.getMessage() for r in caplog.records]
-    assert any(str(path) in m and "skipped 2 of 6 rows" in m and "4 tab-separated columns" in m and "line 3" in m
-               for m in messages), messages
-    assert any("skipped 2 of 6 rows" in m and "label outside" in m and "line 4" in m for m in messages), messages
+RTE_HEADER = "index\tsentence1\tsentence2\tlabel"
 
 
-def test_regression_scores_outside_0_to_5_are_bad_labels(tmp_path, caplog):
+def write_lines(path, lines):
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+@pytest.mark.parametrize("bad_row, error", [
+    ("1\tonly two columns", ":3: 2 tab-separated columns instead of the header's 4 columns; fix or remove this row"),
+    ("", ":3: a blank line instead of the header's 4 columns"),
+    ("1\ta\tb\tmaybe", ":3: label 'maybe' is not one of entailment, not_entailment; fix or remove this row"),
+])
+def test_a_bad_row_is_an_error_naming_file_and_line(tmp_path, bad_row, error):
+    path = write_lines(tmp_path / "train.tsv", [RTE_HEADER, "0\ta\tb\tentailment", bad_row, "2\ta\tb\tentailment"])
+    with pytest.raises(glue.GlueDataError, match=f"^{re.escape(str(path) + error)}"):
+        glue.read_tsv(glue.get_task("rte"), path)
+
+
+def test_files_without_header_count_columns_by_task(tmp_path):
+    path = write_lines(tmp_path / "train.tsv", ["gj04\t1\t\tGood.", "gj04\t0\t*"])
+    with pytest.raises(glue.GlueDataError, match=re.escape(f"{path}:2: 3 tab-separated columns instead of CoLA's 4")):
+        glue.read_tsv(glue.get_task("cola"), path)
+
+
+def test_qqp_skips_broken_rows_as_hf_does_and_counts_them(tmp_path, caplog):
+    header = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate"
+    path = write_lines(tmp_path / "train.tsv", [header, "0\t1\t2\tWhy?\tHow?\t0", "1\t3\t4\tWhat is",
+                                                 "a line break?\tWhat?\t1", "2\t5\t6\tWho?\tWhom?\t1"])
+    part = glue.read_tsv(glue.get_task("qqp"), path)
+    assert part.text_a == ["Why?", "Who?"] and part.labels.tolist() == [0, 1]
+    assert f"{path}: skipped 2 of 4 rows that do not have the header's 6 columns, as HF's QQP processor skips them " \
+           "(first: line 3)" in caplog.text
+    broken = write_lines(path, [header, "1\t3\t4\tWhat is", "a line break?\tWhat?\t1"])
+    with pytest.raises(glue.GlueDataError, match="all its 2 rows are broken"):
+        glue.read_tsv(glue.get_task("qqp"), broken)
+    with pytest.raises(glue.GlueDataError, match=re.escape(f"{path}:2: label '2' is not one of 0, 1")):
+        glue.read_tsv(glue.get_task("qqp"), write_lines(path, [header, "0\t1\t2\tWhy?\tHow?\t2"]))
+
+
+@pytest.mark.parametrize("content, error", [
+    ("", "is empty (0 bytes); download the GLUE RTE files again"),
+    (RTE_HEADER + "\n", "has no RTE examples: it holds only a header; pass a GLUE RTE TSV file"),
+])
+def test_empty_and_header_only_files_are_errors(tmp_path, content, error):
+    path = tmp_path / "dev.tsv"
+    path.write_text(content)
+    with pytest.raises(glue.GlueDataError, match=f"^{re.escape(f'{path} {error}')}$"):
+        glue.load_split(glue.get_task("rte"), "dev", str(tmp_path))
+
+
+def test_regression_scores_outside_0_to_5_are_bad_labels(tmp_path):
     header = "\t".join(["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1",
                         "sentence2", "score"])
-    rows = ["\t".join(["0", "g", "f", "y", "o", "s", "s", "a", "b", score]) for score in ("3.5", "7", "high")]
+    row = lambda score: "\t".join(["0", "g", "f", "y", "o", "s", "s", "a", "b", score])
     path = tmp_path / "dev.tsv"
-    path.write_text("\n".join([header, *rows]) + "\n")
-    part = glue.read_tsv(glue.get_task("stsb"), path)
-    assert part.labels.tolist() == [3.5]
-    assert "skipped 2 of 3 rows" in caplog.text
+    assert glue.read_tsv(glue.get_task("stsb"), write_lines(path, [header, row("3.5")])).labels.tolist() == [3.5]
+    for score in ("7", "high"):
+        with pytest.raises(glue.GlueDataError, match=re.escape(f"dev.tsv:3: label '{score}' is not a score in [0, 5]")):
+            glue.read_tsv(glue.get_task("stsb"), write_lines(path, [header, row("3.5"), row(score)]))
 
 
 def test_missing_file_says_which_flag_to_pass(tmp_path):
@@ -123,3 +160,12 @@ def test_unknown_finetune_presets_are_named():
 def test_tfds_not_prepared_points_to_data_dir(tmp_path):
     with pytest.raises(glue.GlueDataError, match="not available offline.*--config.data_dir"):
         glue.load_split(glue.get_task("rte"), "dev", data_dir="", tfds_data_dir=str(tmp_path))
+
+
+def test_missing_test_files_mean_no_submission_but_a_broken_one_is_read(tmp_path):
+    task = glue.get_task("rte")
+    assert not glue.has_test_files(task, str(tmp_path))
+    (tmp_path / "test.tsv").write_text("")
+    assert glue.has_test_files(task, str(tmp_path))
+    with pytest.raises(glue.GlueDataError, match="is empty"):
+        glue.load_split(task, "test", str(tmp_path))

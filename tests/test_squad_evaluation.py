@@ -6,6 +6,7 @@ import sys
 import pytest
 
 from bert_jax.evaluation import squad as ev
+from bert_jax.tasks.squad import SquadDataError
 
 
 @pytest.mark.parametrize("prediction, gold, em, f1", [
@@ -26,9 +27,9 @@ def test_exact_match_and_f1(prediction, gold, em, f1):
 
 
 def squad_file(tmp_path, questions):
-    """A one-paragraph SQuAD file; `questions` maps id -> gold answer texts ([] = unanswerable)."""
-    qas = [{"id": qid, "question": "?", "answers": [{"text": t, "answer_start": 0} for t in texts]}
-           for qid, texts in questions.items()]
+    """A one-paragraph SQuAD file; `questions` maps id -> gold answer texts ([] = unanswerable, as v2.0 marks it)."""
+    qas = [{"id": qid, "question": "?", "answers": [{"text": t, "answer_start": 0} for t in texts],
+            **({} if texts else {"is_impossible": True})} for qid, texts in questions.items()]
     path = tmp_path / "data.json"
     path.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [
         {"context": "c", "qas": qas}]}]}))
@@ -62,3 +63,30 @@ def test_v2_unanswerable_questions_are_scored_apart(tmp_path):
     assert scores["exact_match"] == pytest.approx(200 / 3) and scores["f1"] == pytest.approx(200 / 3)
     assert scores["HasAns_exact"] == 100 and scores["NoAns_exact"] == 50
     assert scores["HasAns_total"] == 1 and scores["NoAns_total"] == 2
+
+
+def test_a_question_without_answers_is_unanswerable_only_when_it_says_so(tmp_path):
+    dataset = json.loads(squad_file(tmp_path, {"q1": ["Broncos"], "q2": []}).read_text())["data"]
+    assert ev.evaluate(dataset, {"q1": "Broncos", "q2": ""})["NoAns_total"] == 1
+    del dataset[0]["paragraphs"][0]["qas"][1]["is_impossible"]  # a v1.1 question that lost its answers
+    with pytest.raises(SquadDataError, match="dev.json: question 'q2' has no answers"):
+        ev.evaluate(dataset, {"q1": "Broncos", "q2": ""}, source="dev.json")
+
+
+def test_predictions_must_map_ids_to_texts(tmp_path):
+    path = tmp_path / "predictions.json"
+    for bad in ([], {"q1": 3}):
+        path.write_text(json.dumps(bad))
+        with pytest.raises(SquadDataError, match="predictions.json: not a predictions file"):
+            ev.read_predictions(path)
+
+
+def test_cli_names_a_missing_or_malformed_file_in_one_line(tmp_path):
+    data = squad_file(tmp_path, {"q1": ["Broncos"]})
+    (tmp_path / "broken.json").write_text('{"q1": ')
+    for args, named in (((data, tmp_path / "absent.json"), f"{tmp_path / 'absent.json'}: not found"),
+                        ((tmp_path / "broken.json", data), f"{tmp_path / 'broken.json'}: not a UTF-8 JSON file")):
+        out = subprocess.run([sys.executable, "-m", "bert_jax.evaluation.squad", *map(str, args)],
+                             capture_output=True, text=True)
+        assert out.returncode == 1 and out.stdout == ""
+        assert out.stderr.startswith(f"error: {named}") and len(out.stderr.splitlines()) == 1, out.stderr

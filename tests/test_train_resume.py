@@ -7,9 +7,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-
-from bert_jax import checkpoints, train
 from train_helpers import global_batch_at, logged, synthetic_batches, tiny_config
+
+from bert_jax import checkpoints, run_loop, train
+from bert_jax import workdir as workdir_lib
 
 MESH = {"mesh.data": 2, "mesh.fsdp": 4, "mesh.tensor": 1}
 
@@ -60,7 +61,7 @@ def test_resume_is_exact_and_restores_onto_other_meshes(tmp_path):
     assert_trees_equal(straight["params"], params)
     assert jax.tree.leaves(params)[0].sharding == one_device
 
-    with pytest.raises(checkpoints.CheckpointMismatchError, match="model.hidden_size: 64 there"):
+    with pytest.raises(workdir_lib.CheckpointMismatchError, match="model.hidden_size: 64 there"):
         train.train_and_evaluate(tiny_config("bert", **{"model.hidden_size": 128, **MESH}), resumed_dir,
                                  synthetic_batches)
 
@@ -78,7 +79,7 @@ def poisoned_at(bad_step: int):
 
 def test_nan_loss_stops_or_skips(tmp_path):
     config = tiny_config("bert", checkpoint_every_steps=1, **MESH)
-    with pytest.raises(train.NonFiniteLossError, match="at step 3"):
+    with pytest.raises(run_loop.NonFiniteLossError, match="at step 3"):
         train.train_and_evaluate(config, str(tmp_path / "stop"), poisoned_at(3))
     manager = checkpoints.checkpoint_manager(tmp_path / "stop", keep=3)
     assert manager.all_steps() == [1, 2]

@@ -9,7 +9,6 @@ import itertools
 import os
 import tempfile
 
-import jax
 import numpy as np
 
 from bert_jax import config_lib, train
@@ -27,6 +26,11 @@ def tiny_config(family: str = "bert", **overrides):
     settings = {"data.seq_length": SEQ_LENGTH, "data.batch_size": 8, "masking.max_predictions_per_seq": PREDICTIONS,
                 "total_steps": 4, "log_every_steps": 1, "checkpoint_every_steps": 2, "eval_every_steps": 0,
                 "optimizer.warmup_steps": 1, "peak_flops": 1e9, **overrides}
+    return override(config, settings)
+
+
+def override(config, settings: dict):
+    """Set dotted keys ("data.seq_length": 32) as --config.KEY=VALUE flags would; returns the config."""
     for key, value in settings.items():
         *sections, name = key.split(".")
         node = config

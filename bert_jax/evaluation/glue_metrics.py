@@ -1,7 +1,8 @@
 """GLUE's official metrics in numpy: accuracy, F1, Matthews correlation, Pearson and Spearman correlation.
 
 Written out rather than imported so the runtime needs neither scipy nor scikit-learn; the tests check them against
-hand-computed values.
+hand-computed values. A correlation with no value (fewer than 2 pairs, or one side constant) is NaN, as scipy gives,
+never a number that could pass for a score.
 """
 from __future__ import annotations
 
@@ -30,10 +31,13 @@ def matthews_corrcoef(predictions, labels) -> float:
 
 
 def pearson(x, y) -> float:
+    """Pearson's r; NaN when undefined (fewer than 2 pairs, or x or y constant)."""
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+    if len(x) < 2:
+        return float("nan")
     x, y = x - x.mean(), y - y.mean()
     denominator = np.sqrt(np.sum(x * x) * np.sum(y * y))
-    return float(np.sum(x * y) / denominator) if denominator else 0.0
+    return float(np.sum(x * y) / denominator) if denominator else float("nan")
 
 
 def average_ranks(x) -> np.ndarray:

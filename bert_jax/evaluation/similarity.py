@@ -4,20 +4,26 @@
 
 `--init` is any checkpoint bert_jax.load_pretrained reads; `--data` a GLUE STS-B TSV (sentence1, sentence2, score
 columns), local or in a bucket (gs://...). The last line printed is JSON: {"pearson": ..., "spearman": ...}
-(correlations, not percentages).
+(correlations, not percentages). Pairs with an empty sentence are skipped and counted; a correlation that is
+undefined (fewer than 2 pairs, or all gold scores or all cosines equal) is an error, never a number.
 """
 from __future__ import annotations
 
 import json
 
 import numpy as np
-from absl import app, flags, logging
+from absl import flags, logging
 
-from bert_jax import storage
+from bert_jax import cli, storage
+from bert_jax.errors import UserError
 from bert_jax.evaluation import glue_metrics
 from bert_jax.tasks import glue
 
 POOLINGS = ("cls", "mean")
+
+
+class SimilarityError(UserError):
+    """Pairs whose correlation with the gold scores is undefined; the message names the file and why."""
 
 
 def cosine_similarities(pretrained, text_a: list[str], text_b: list[str], pooling: str) -> np.ndarray:
@@ -26,23 +32,44 @@ def cosine_similarities(pretrained, text_a: list[str], text_b: list[str], poolin
     return np.sum(vectors[:len(text_a)] * vectors[len(text_a):], axis=-1)
 
 
+def has_text(pairs: glue.Split) -> np.ndarray:
+    """bool per pair: both sentences hold text (an empty sentence has no meaning to compare)."""
+    return np.array([bool(a.strip() and b.strip()) for a, b in zip(pairs.text_a, pairs.text_b)], bool)
+
+
+def why_undefined(gold: np.ndarray) -> str:
+    """Why the correlation of 2 or more pairs has no value: one side is constant."""
+    return "all gold scores are equal" if np.ptp(gold) == 0 else "the model gives every pair the same cosine"
+
+
 def evaluate(pretrained, data_file: storage.PathLike, pooling: str) -> dict[str, float]:
+    """Pearson and Spearman correlation of the pairs' cosines with the gold scores, the pairs scored and skipped."""
     pairs = glue.read_tsv(glue.get_task("stsb"), data_file)
-    cosines = cosine_similarities(pretrained, pairs.text_a, pairs.text_b, pooling)
-    return {"pearson": glue_metrics.pearson(cosines, pairs.labels),
-            "spearman": glue_metrics.spearman(cosines, pairs.labels), "pairs": len(cosines)}
+    usable = has_text(pairs)
+    kept, skipped = np.flatnonzero(usable), np.flatnonzero(~usable)
+    if len(skipped):
+        logging.warning("%s: skipped %d of %d pairs with an empty sentence (first: line %d)", data_file, len(skipped),
+                        len(usable), skipped[0] + 2)  # line 1 is the header
+    if len(kept) < 2:
+        raise SimilarityError(f"{data_file}: {len(kept)} pair(s) with text in both sentences; a correlation needs at "
+                              "least 2")
+    gold = pairs.labels[kept]
+    cosines = cosine_similarities(pretrained, [pairs.text_a[i] for i in kept], [pairs.text_b[i] for i in kept],
+                                  pooling)
+    scores = {"pearson": glue_metrics.pearson(cosines, gold), "spearman": glue_metrics.spearman(cosines, gold)}
+    if not np.all(np.isfinite(list(scores.values()))):
+        raise SimilarityError(f"{data_file}: the correlation over {len(kept)} pairs is undefined: "
+                              f"{why_undefined(gold)}")
+    return {**scores, "pairs": len(kept), "skipped": len(skipped)}
 
 
 def main(argv):
     del argv
     from bert_jax.pretrained import load_pretrained
 
-    if not flags.FLAGS["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
-
     scores = evaluate(load_pretrained(flags.FLAGS.init, task="backbone"), flags.FLAGS.data, flags.FLAGS.pooling)
-    print(f"{scores['pairs']} pairs from {flags.FLAGS.data}, {flags.FLAGS.pooling} pooling: "
-          f"Pearson {scores['pearson']:.4f}, Spearman {scores['spearman']:.4f}")
+    print(f"{scores['pairs']} pairs from {flags.FLAGS.data} ({scores['skipped']} skipped), "
+          f"{flags.FLAGS.pooling} pooling: Pearson {scores['pearson']:.4f}, Spearman {scores['spearman']:.4f}")
     print(json.dumps({"pearson": scores["pearson"], "spearman": scores["spearman"]}))
 
 
@@ -50,4 +77,4 @@ if __name__ == "__main__":  # flags defined here, so that benchmarks can import 
     flags.DEFINE_string("init", None, "A checkpoint bert_jax.load_pretrained reads.", required=True)
     flags.DEFINE_string("data", None, "A GLUE STS-B TSV file (e.g. STS-B/dev.tsv).", required=True)
     flags.DEFINE_enum("pooling", "cls", POOLINGS, "Sentence vector: the [CLS] hidden state or the mean over tokens.")
-    app.run(main)
+    cli.run(main)

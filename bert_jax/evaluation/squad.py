@@ -4,7 +4,7 @@
 
 prints {"exact_match": ..., "f1": ...} (percentages) as the official v1.1 script does; for v2.0 data, where a
 question may have no answer and the right prediction is "", it adds the HasAns / NoAns breakdown of the v2.0 script.
-Either file may be local or in a bucket (gs://...).
+Either file may be local or in a bucket (gs://...). A missing or malformed file ends it with one line naming it.
 """
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import re
 import string
 import sys
 
-from bert_jax import storage
+from bert_jax import cli, storage
+from bert_jax.tasks.squad import SquadDataError, questions_of, read_articles, read_json
 
 PUNCTUATION = frozenset(string.punctuation)
 ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -42,20 +43,16 @@ def f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def gold_answers(dataset: list) -> dict[str, list[str]]:
+def gold_answers(dataset: list, source: str) -> dict[str, list[str]]:
     """Question id -> gold answer texts; an unanswerable (v2.0) question's only gold answer is ""."""
-    golds = {}
-    for article in dataset:
-        for paragraph in article["paragraphs"]:
-            for qa in paragraph["qas"]:
-                texts = [a["text"] for a in qa.get("answers", []) if normalize_answer(a["text"])]
-                golds[qa["id"]] = texts or [""]
-    return golds
+    return {q.qid: [text for text, _ in q.answers if normalize_answer(text)] or [""]
+            for q in questions_of(dataset, source)}
 
 
-def evaluate(dataset: list, predictions: dict[str, str]) -> dict[str, float]:
-    """Scores over every question in `dataset`; a question without a prediction scores 0 (reported on stderr)."""
-    golds = gold_answers(dataset)
+def evaluate(dataset: list, predictions: dict[str, str], source: str = "the SQuAD data") -> dict[str, float]:
+    """Scores over every question in `dataset` (read from `source`, named in errors); a question without a
+    prediction scores 0 (reported on stderr)."""
+    golds = gold_answers(dataset, source)
     missing = [qid for qid in golds if qid not in predictions]
     if missing:
         print(f"{len(missing)} of {len(golds)} questions have no prediction and score 0 (first: {missing[0]})",
@@ -76,17 +73,21 @@ def evaluate(dataset: list, predictions: dict[str, str]) -> dict[str, float]:
     return scores
 
 
-def read_json(path: storage.PathLike):
-    """A JSON file, local or in a bucket."""
-    return json.loads(storage.as_path(path).read_text(encoding="utf-8"))
+def read_predictions(path: storage.PathLike) -> dict[str, str]:
+    """A predictions file: one JSON object of question id -> answer text (what run_squad and finetune write)."""
+    predictions = read_json(path)
+    if not isinstance(predictions, dict) or not all(isinstance(text, str) for text in predictions.values()):
+        raise SquadDataError(f"{storage.as_path(path)}: not a predictions file; it must be one JSON object of "
+                             "question id -> answer text")
+    return predictions
 
 
 def main(argv: list[str]) -> None:
     if len(argv) != 3:
         sys.exit("usage: python -m bert_jax.evaluation.squad DATA.json PREDICTIONS.json")
-    dataset, predictions = read_json(argv[1])["data"], read_json(argv[2])
-    print(json.dumps(evaluate(dataset, predictions)))
+    data_file, predictions_file = argv[1:]
+    print(json.dumps(evaluate(read_articles(data_file), read_predictions(predictions_file), source=data_file)))
 
 
 if __name__ == "__main__":
-    main(sys.argv)
+    cli.run(main)

@@ -30,10 +30,10 @@ import time
 import jax
 import ml_collections
 import numpy as np
-from absl import app, flags, logging
+from absl import flags
 from jax.experimental import multihost_utils
 
-from bert_jax import config_lib, finetune, flops, param_table, storage
+from bert_jax import cli, config_lib, finetune, flops, param_table, run_loop, storage
 from bert_jax import train as train_lib  # defines --workdir and the distributed flags this command shares
 from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import documents, plain_text, prepare
@@ -357,7 +357,7 @@ def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: stor
     families = config_lib.FAMILIES
     missing = [glue.get_task(t).name for t in budget.finetune.tasks if not (glue_dir / glue.get_task(t).name).is_dir()]
     if missing:
-        raise FileNotFoundError(f"--glue_dir={glue_dir} lacks the task folders {missing}")
+        raise glue.GlueDataError(f"--glue_dir={glue_dir} lacks the task folders {missing}; download GLUE there")
     if jax.process_index() == 0:
         storage.check_writable(results_dir)  # now, not after hours of training
     train_lib.enable_compilation_cache(str(workdir / "xla_cache"))  # fine-tunes of one shape compile once
@@ -365,7 +365,7 @@ def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: stor
     configs = {f: pretraining_config(f, budget, prepared[f], seed) for f in families}
     rows = {}
     for family, config in configs.items():
-        train_lib.announce("== pretraining %s: %d steps of %.3g FLOPs", family, config.total_steps,
+        run_loop.announce("== pretraining %s: %d steps of %.3g FLOPs", family, config.total_steps,
                            flops.train_step_flops(config))
         rows[family] = {"pretraining": pretrain(config, workdir / "pretrain" / family),
                         "params": param_table.backbone_params(config.model)}
@@ -387,7 +387,7 @@ def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: stor
             for task in budget.finetune.tasks:
                 runs[task] = []
                 for ft_seed in seeds:
-                    train_lib.announce("== fine-tuning %s (step %d) on %s, seed %d", name, step, task, ft_seed)
+                    run_loop.announce("== fine-tuning %s (step %d) on %s, seed %d", name, step, task, ft_seed)
                     run_dir = workdir / "finetune" / name.replace(" ", "_") / str(step) / task / f"seed{ft_seed}"
                     results, seconds = run_finetune(finetune_config(task, init, ft_seed, budget, glue_dir), run_dir)
                     runs[task].append(results)
@@ -421,8 +421,6 @@ def corpus_summary(prepared: dict[str, str]) -> str:
 def main(argv):
     del argv
     f = flags.FLAGS
-    if not f["verbosity"].present:
-        logging.set_verbosity(logging.WARNING)
     if f.coordinator_address or f.distributed:
         jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
     report = run(f.budget, f.workdir, f.corpus, input_config.resolve_path(f.glue_dir), f.results_dir, f.seed)
@@ -432,4 +430,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -38,8 +38,9 @@ def data_config(family: str, size: str) -> ml_collections.ConfigDict:
         tokenizer_kind=kind,
         tokenizer_path=tiny_path if tiny else full_path,
         lowercase=True,  # wordpiece only; sentencepiece and bpe carry their normalization in the model files
-        # Either a folder written by `prepare`, or text files tokenized in memory when the pipeline starts
-        # (comma-separated globs; meant for small corpora such as the sample one).
+        # Either a folder written by `prepare`, or text files tokenized when the pipeline starts, read as `prepare`
+        # reads them (comma-separated globs; meant for small corpora such as the sample one: the tokens stay in
+        # memory).
         prepared_dir="",
         input_files=SAMPLE_CORPUS if tiny else "",
         example_kind=EXAMPLE_KIND[family],

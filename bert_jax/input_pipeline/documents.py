@@ -1,12 +1,16 @@
 """Documents: reading them from text files, tokenizing them, and their record format in prepared shards.
 
-Text format (BERT's): one sentence or paragraph per line, a blank line between documents. Reading streams line by
-line, so memory does not grow with the file. Bad input is skipped and counted, never fatal mid-run:
+Text format (BERT's): one sentence or paragraph per line, a blank line between documents. Both `prepare` and the
+pipeline's `config.data.input_files` read through `tokenize_files`. Memory is bounded whatever the input: a line is
+read at most MAX_LINE_BYTES at a time, a document holds at most MAX_DOCUMENT_CHARS characters, and the tokenizer
+gets about ENCODE_BATCH_CHARS at once. Bad input is skipped or cut and counted, never fatal mid-run (the first
+invalid or long line is logged with its file and line number):
   empty_files                 files with no text at all
-  invalid_utf8_lines          lines that are not UTF-8 (the first one is logged with file and line number)
+  invalid_utf8_lines          lines that are not UTF-8
   one_sentence_documents      documents with fewer than two non-empty sentences (no sentence pair can come of them)
-and documents of more than MAX_DOCUMENT_LINES lines are cut into several (`long_documents_split`), so that a file
-without blank lines cannot fill memory.
+  long_documents_split        documents cut into several at MAX_DOCUMENT_LINES lines or MAX_DOCUMENT_CHARS chars
+  long_lines_split            lines of MAX_LINE_BYTES or more, cut into pieces (each a sentence) at their last
+                              space within the limit, or between two UTF-8 characters when there is none
 A shard record is a `tf.train.Example` with `token_ids` (the document's tokens, flat) and `sentence_lengths`.
 """
 from __future__ import annotations
@@ -15,20 +19,35 @@ import collections
 import io
 import itertools
 import os
-from typing import Iterable, Iterator
+from typing import BinaryIO, Iterable, Iterator
 
 import numpy as np
-import tensorflow as tf
 from absl import logging
 
 from bert_jax import storage
+from bert_jax.errors import UserError
 from bert_jax.input_pipeline import config as config_lib
 
-SKIP_COUNTS = ("empty_files", "invalid_utf8_lines", "one_sentence_documents", "long_documents_split")
+SKIP_COUNTS = ("empty_files", "invalid_utf8_lines", "one_sentence_documents", "long_documents_split",
+               "long_lines_split")
+# Tokenizers need ~170 bytes per byte of one long line but ~40 per byte of 64 KiB lines (and are faster on them).
+MAX_LINE_BYTES = 1 << 16
 MAX_DOCUMENT_LINES = 10_000
-# How many lines go to the tokenizer at once: large batches let the Rust/C++ tokenizers use their fast paths.
+MAX_DOCUMENT_CHARS = 1 << 20
+# How much text goes to the tokenizer at once: large batches let the Rust/C++ tokenizers use their fast paths.
 ENCODE_BATCH_LINES = 8192
+ENCODE_BATCH_CHARS = 1 << 20
+READ_BUFFER_BYTES = 1 << 20  # a bucket file's own line reading would copy a whole block for every line
 PARSE_BATCH_RECORDS = 1024  # shard records parsed by one tf.io.parse_example call
+UTF8_CONTINUATION = 0b1000_0000  # the top bits 10 mark a byte inside a character, never the first one
+
+
+class InputFilesError(UserError, FileNotFoundError):
+    """Input text files that are missing or match no file; the message names the config key or flag."""
+
+
+class NoDocumentsError(UserError, ValueError):
+    """Too few usable documents; the message says how much input was skipped, and why."""
 
 
 def new_counts() -> collections.Counter:
@@ -45,49 +64,118 @@ def expand_patterns(patterns: str, key: str) -> list[storage.Path]:
         if not matches and not storage.is_remote(pattern) and not os.path.isabs(os.path.expanduser(pattern)):
             matches = storage.glob(os.path.join(config_lib.REPO_ROOT, pattern))
         if not matches:
-            raise FileNotFoundError(f"{key}: {pattern!r} matches no file")
+            raise InputFilesError(f"{key}: {pattern!r} matches no file; check the path (comma-separated globs)")
         files.extend(matches)
     if not files:
-        raise FileNotFoundError(f"{key} is empty: give text files (comma-separated globs)")
+        raise InputFilesError(f"{key} is empty: give text files (comma-separated globs)")
     return files
+
+
+def require_files(files: list[storage.PathLike], what: str) -> None:
+    """Fail before any work when a named input file is missing; `what` names the flag or key they came from."""
+    if not files:
+        raise InputFilesError(f"{what}: no input files given; name the text files to read")
+    if missing := [os.fspath(f) for f in files if not storage.as_path(f).is_file()]:
+        raise InputFilesError(f"{what}: input files not found: {missing}; check the paths")
+
+
+def piece_end(chunk: bytes) -> int:
+    """Where to cut a full chunk of an over-long line: after its last space or tab, else after its last byte when
+    that is ASCII, else before its last character starts (the cut-off bytes begin the next piece), so that no UTF-8
+    character is ever split."""
+    space = max(chunk.rfind(b" "), chunk.rfind(b"\t"))
+    if space > 0:
+        return space + 1
+    if chunk[-1] < 0x80:
+        return len(chunk)
+    for end in range(len(chunk) - 1, max(0, len(chunk) - 5), -1):  # a character has at most 4 bytes
+        if chunk[end] & 0b1100_0000 != UTF8_CONTINUATION:
+            return end
+    return len(chunk)  # no character starts near the end: not UTF-8 anyway
+
+
+def read_lines(stream: BinaryIO, name: str, counts: collections.Counter) -> Iterator[str]:
+    """The stripped lines of a binary stream ("" for a blank one), holding at most MAX_LINE_BYTES of it: a longer
+    line arrives as several pieces (`piece_end`). Lines that are not UTF-8 are skipped. `name` labels the log."""
+    line_number, carry, long_line = 1, b"", 0
+    while chunk := carry + stream.readline(MAX_LINE_BYTES - len(carry)):
+        carry = b""
+        if len(chunk) == MAX_LINE_BYTES and not chunk.endswith(b"\n"):
+            end = piece_end(chunk)
+            chunk, carry = chunk[:end], chunk[end:]
+            if long_line != line_number:
+                long_line = line_number
+                _count_long_line(name, line_number, counts)
+        try:
+            text = chunk.decode("utf-8").strip()
+            if text or long_line != line_number:  # a blank piece of a long line is no document break
+                yield text
+        except UnicodeDecodeError as e:
+            if not counts["invalid_utf8_lines"]:
+                logging.warning("%s:%d: invalid UTF-8 (%s); skipping such lines (counted)", name, line_number, e)
+            counts["invalid_utf8_lines"] += 1
+        line_number += chunk.endswith(b"\n")
+
+
+def _count_long_line(name: str, line_number: int, counts: collections.Counter) -> None:
+    if not counts["long_lines_split"]:
+        logging.warning("%s:%d: a line of %d bytes or more; cutting such lines into pieces (counted)", name,
+                        line_number, MAX_LINE_BYTES)
+    counts["long_lines_split"] += 1
+
+
+def group_documents(lines: Iterable[str], counts: collections.Counter) -> Iterator[list[str]]:
+    """Documents (lists of non-empty lines) ended by blank lines, or cut when they reach MAX_DOCUMENT_LINES lines
+    or MAX_DOCUMENT_CHARS characters, so that a file without blank lines cannot fill memory."""
+    doc, size, cut = [], 0, False
+    for line in lines:
+        counts["long_documents_split"] += cut and bool(line)  # counted once the cut document goes on
+        cut = False
+        if line:
+            doc.append(line)
+            size += len(line)
+        if doc and (not line or len(doc) == MAX_DOCUMENT_LINES or size >= MAX_DOCUMENT_CHARS):
+            cut = bool(line)
+            yield doc
+            doc, size = [], 0
+    if doc:
+        yield doc
+
+
+def file_lines(path: storage.PathLike, counts: collections.Counter) -> Iterator[str]:
+    """The lines of one text file (local or gs://), as `read_lines` gives them."""
+    with storage.as_path(path).open("rb") as f:
+        yield from read_lines(io.BufferedReader(f, READ_BUFFER_BYTES), str(path), counts)
 
 
 def read_documents(path: storage.PathLike, counts: collections.Counter) -> Iterator[list[str]]:
     """Stream the documents of one text file (local or gs://) as lists of lines; skips are added to `counts`."""
-    doc, seen_text = [], False
-    with storage.as_path(path).open("rb") as f:
-        # Buffered here: a bucket file's own line reading copies a whole block for every line.
-        for line_number, raw in enumerate(io.BufferedReader(f, 1 << 20), 1):
-            try:
-                line = raw.decode("utf-8").strip()
-            except UnicodeDecodeError as e:
-                if not counts["invalid_utf8_lines"]:
-                    logging.warning("%s:%d: invalid UTF-8 (%s); skipping such lines (counted)", path, line_number, e)
-                counts["invalid_utf8_lines"] += 1
-                continue
-            seen_text |= bool(line)
-            if line:
-                doc.append(line)
-            if doc and (not line or len(doc) == MAX_DOCUMENT_LINES):
-                counts["long_documents_split"] += bool(line)
-                yield doc
-                doc = []
-    if doc:
+    empty = True
+    for doc in group_documents(file_lines(path, counts), counts):
+        empty = False
         yield doc
-    if not seen_text:
+    if empty:
         logging.warning("%s: empty file, skipped (counted)", path)
         counts["empty_files"] += 1
 
 
+def tokenize_files(files: Iterable[storage.PathLike], tokenizer,
+                   counts: collections.Counter) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """The tokenized documents of text files, in order: what `prepare` writes and `data.input_files` trains on."""
+    return tokenize_documents((doc for f in files for doc in read_documents(f, counts)), tokenizer, counts)
+
+
 def tokenize_documents(documents: Iterable[list[str]], tokenizer,
                        counts: collections.Counter) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """(token_ids int32[T], sentence_lengths int32[N]) per document, tokenized in large batches of lines."""
-    buffer = []
+    """(token_ids int32[T], sentence_lengths int32[N]) per document, tokenized in batches of about
+    ENCODE_BATCH_LINES lines or ENCODE_BATCH_CHARS characters, whichever comes first."""
+    buffer, lines, size = [], 0, 0
     for doc in documents:
         buffer.append(doc)
-        if sum(map(len, buffer)) >= ENCODE_BATCH_LINES:
+        lines, size = lines + len(doc), size + sum(map(len, doc))
+        if lines >= ENCODE_BATCH_LINES or size >= ENCODE_BATCH_CHARS:
             yield from _tokenize_buffer(buffer, tokenizer, counts)
-            buffer = []
+            buffer, lines, size = [], 0, 0
     yield from _tokenize_buffer(buffer, tokenizer, counts)
 
 
@@ -103,7 +191,34 @@ def _tokenize_buffer(buffer, tokenizer, counts):
         yield (np.concatenate(sentences).astype(np.int32), np.array([len(s) for s in sentences], np.int32))
 
 
+def describe_counts(counts: collections.Counter, sources: str) -> str:
+    """One line for a user: "0 documents from 1 file: 1 line of 65536 bytes or more split, ..." (the non-zero
+    skip counts; `sources` says what was read, e.g. "1 file")."""
+    why = {
+        "empty_files": ("empty file", ""),
+        "invalid_utf8_lines": ("line", " of invalid UTF-8 skipped"),
+        "one_sentence_documents": ("one-sentence document", " skipped"),
+        "long_documents_split": ("document", f" of {MAX_DOCUMENT_LINES} lines or {MAX_DOCUMENT_CHARS} chars split"),
+        "long_lines_split": ("line", f" of {MAX_LINE_BYTES} bytes or more split"),
+    }
+    skips = [f"{plural(counts[k], noun)}{rest}" for k, (noun, rest) in why.items() if counts[k]]
+    return f"{plural(counts['documents'], 'document')} from {sources}" + (": " + ", ".join(skips) if skips else "")
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def check_enough_documents(counts: collections.Counter, needed: int, sources: str, where: str) -> None:
+    """Raise NoDocumentsError, saying why, when fewer than `needed` documents were usable; `where` names the flag
+    or config key that gave the input."""
+    if counts["documents"] < needed:
+        raise NoDocumentsError(f"{where}: {describe_counts(counts, sources)} ({needed} needed); give text with one "
+                               "sentence per line and a blank line between documents of two or more sentences")
+
+
 def serialize(token_ids: np.ndarray, sentence_lengths: np.ndarray) -> bytes:
+    import tensorflow as tf  # imported here: reading text (train_tokenizer, plain_text) needs none of it
     feature = dict(token_ids=tf.train.Feature(int64_list=tf.train.Int64List(value=token_ids)),
                    sentence_lengths=tf.train.Feature(int64_list=tf.train.Int64List(value=sentence_lengths)))
     # deterministic: protobuf's map order otherwise changes from process to process, and so would the shards.
@@ -112,6 +227,7 @@ def serialize(token_ids: np.ndarray, sentence_lengths: np.ndarray) -> bytes:
 
 def read_shards(paths: list[storage.PathLike]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The documents of prepared shards (local or gs://), in order, as `tokenize_documents` yields them."""
+    import tensorflow as tf
     spec = {k: tf.io.RaggedFeature(tf.int64) for k in ("token_ids", "sentence_lengths")}
     records = (record for path in paths for record in storage.read_records(path))
     while batch := list(itertools.islice(records, PARSE_BATCH_RECORDS)):
@@ -120,7 +236,7 @@ def read_shards(paths: list[storage.PathLike]) -> Iterator[tuple[np.ndarray, np.
         yield from zip(tokens, lengths)
 
 
-def _rows(ragged: tf.RaggedTensor) -> list[np.ndarray]:
-    """The rows of a parsed [batch, None] feature as int32 arrays."""
+def _rows(ragged) -> list[np.ndarray]:
+    """The rows of a parsed [batch, None] feature (a tf.RaggedTensor) as int32 arrays."""
     values, splits = ragged.values.numpy().astype(np.int32), ragged.row_splits.numpy()
     return [values[start:end] for start, end in zip(splits[:-1], splits[1:])]

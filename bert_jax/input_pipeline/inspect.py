@@ -13,9 +13,10 @@ import json
 import sys
 from typing import Iterator
 
-from absl import app, flags
+from absl import flags
 from ml_collections import config_flags
 
+from bert_jax import cli
 from bert_jax.input_pipeline.pipeline import PretrainingPipeline
 
 FLAGS = flags.FLAGS
@@ -58,8 +59,9 @@ def define_flags():
     flags.DEFINE_integer("num_batches", 1, "How many batches of that epoch.")
     flags.DEFINE_integer("process_index", 0, "Show this process's examples.")
     flags.DEFINE_integer("process_count", 1, "Number of processes the data is split across.")
+    flags.mark_flags_as_required(["config"])
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

@@ -15,12 +15,13 @@ import tensorflow as tf
 from absl import logging
 
 from bert_jax import storage
+from bert_jax.errors import UserError
 from bert_jax.input_pipeline import config as config_lib
 from bert_jax.input_pipeline import documents, examples, masking, tokenizers
 from bert_jax.input_pipeline.randomness import Stream, hash_bits
 
 
-class DataConfigError(ValueError):
+class DataConfigError(UserError, ValueError):
     """A config.data / config.masking value the pipeline cannot use; the message names the key."""
 
 
@@ -63,20 +64,27 @@ def host_files(files: list[storage.Path], process_index: int, process_count: int
     return mine
 
 
-def load_documents(data: ml_collections.ConfigDict, tokenizer, process_index: int, process_count: int, counts):
-    """This host's documents, from prepared shards or by tokenizing text files now (skips added to `counts`); both
-    may be local or in a bucket."""
+def load_documents(data: ml_collections.ConfigDict, tokenizer, process_index: int, process_count: int,
+                   counts) -> list[tuple[np.ndarray, np.ndarray]]:
+    """This host's documents, from prepared shards or by tokenizing text files now the way `prepare` does (skips
+    added to `counts`); both may be local or in a bucket. Fewer than two is a NoDocumentsError saying why."""
     if data.prepared_dir:
         directory = config_lib.resolve_path(data.prepared_dir)
         shards = sorted(directory.glob("*.tfrecord"))
         if not shards:
             raise DataConfigError(f"config.data.prepared_dir={data.prepared_dir!r}: no *.tfrecord shards in "
                                   f"{directory}")
-        return documents.read_shards(host_files(shards, process_index, process_count, "data.prepared_dir"))
-    files = host_files(documents.expand_patterns(data.input_files, "config.data.input_files"),
-                       process_index, process_count, "data.input_files")
-    docs = (doc for f in files for doc in documents.read_documents(f, counts))
-    return documents.tokenize_documents(docs, tokenizer, counts)
+        mine = host_files(shards, process_index, process_count, "data.prepared_dir")
+        docs = list(documents.read_shards(mine))
+        counts["documents"] = len(docs)
+        key, sources = "config.data.prepared_dir", f"{documents.plural(len(mine), 'shard')} in {directory}"
+    else:
+        files = host_files(documents.expand_patterns(data.input_files, "config.data.input_files"),
+                           process_index, process_count, "data.input_files")
+        docs = list(documents.tokenize_files(files, tokenizer, counts))
+        key, sources = "config.data.input_files", documents.plural(len(files), "file")
+    documents.check_enough_documents(counts, 2, sources, key)
+    return docs
 
 
 class PretrainingPipeline:

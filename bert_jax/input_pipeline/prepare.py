@@ -5,16 +5,19 @@
 
 Inputs, tokenizer and DIR may be local paths or bucket URLs (gs://...). Work is split into units (one per input
 file, or `--tfds_units` even slices of a TFDS split); worker processes take units, and unit k writes shards
-`k-PART.tfrecord` of at most --docs_per_shard documents, then a marker `k.done.json` holding its counts. A rerun
-skips units with a marker and redoes the others from scratch, so an interrupted run resumes and never leaves a
-half-written shard behind (each file is written beside its name and renamed when whole).
-Several machines can share the work with --process_index/--process_count. Memory per worker stays bounded: text is
-read line by line and tokenized ENCODE_BATCH_LINES lines at a time. Skipped input is counted in the summary
-(see `documents`). The pipeline then reads DIR via `config.data.prepared_dir=DIR`.
+`k-PART.tfrecord` of at most --docs_per_shard documents, then a marker `k.done.json` holding its counts and what
+it was made from (the input file's size and modification time, the flags that change the shards). A rerun skips
+units whose marker matches and redoes the others from scratch: an interrupted run resumes, an input file changed
+since is prepared again, and no half-written shard is left behind (each file is written beside its name and renamed
+when whole; a unit's marker is removed before its old shards are).
+Several machines can share the work with --process_index/--process_count. Memory per worker stays bounded whatever
+the input (see `documents`: long lines are cut, tokenization goes in batches). Skipped or cut input is counted in
+the summary. The pipeline then reads DIR via `config.data.prepared_dir=DIR`.
 """
 from __future__ import annotations
 
 import collections
+import io
 import itertools
 import json
 import multiprocessing
@@ -22,15 +25,16 @@ import os
 import sys
 
 import tqdm
-from absl import app, flags
+from absl import flags
 
-from bert_jax import storage
+from bert_jax import cli, storage
+from bert_jax.errors import UserError
 from bert_jax.input_pipeline import documents, tokenizers
 
 FLAGS = flags.FLAGS
 
 
-class PrepareError(ValueError):
+class PrepareError(UserError, ValueError):
     """Input that cannot be prepared; the message names it and what to do."""
 
 
@@ -48,40 +52,63 @@ def tfds_builder(name: str, data_dir: str | None):
 
 
 def read_tfds_documents(unit: dict, counts: collections.Counter):
-    """Documents of one even slice of a TFDS split: each example's text, one sentence per non-empty line."""
+    """Documents of one even slice of a TFDS split: each example's text, one sentence per non-empty line, read
+    like a text file's lines (long ones cut, invalid UTF-8 skipped)."""
     import tensorflow_datasets as tfds
     builder = tfds_builder(unit["name"], unit["data_dir"])
     split = tfds.even_splits(unit["split"], unit["count"])[unit["index"]]
-    for example in builder.as_dataset(split=split).as_numpy_iterator():
-        try:
-            lines = [line.strip() for line in example[unit["text_key"]].decode("utf-8").split("\n")]
-        except UnicodeDecodeError:
-            counts["invalid_utf8_lines"] += 1
-            continue
-        doc = [line for line in lines if line]
-        if doc:
-            yield doc
+    for i, example in enumerate(builder.as_dataset(split=split).as_numpy_iterator()):
+        lines = documents.read_lines(io.BytesIO(example[unit["text_key"]]), f"{unit['name']}[{i}]", counts)
+        yield from documents.group_documents(filter(None, lines), counts)
+
+
+def made_from(unit: dict) -> dict:
+    """What a unit's shards depend on: its settings, the reading limits and, for a file, its size and
+    modification time (a cheap stand-in for its content)."""
+    reading = dict(max_line_bytes=documents.MAX_LINE_BYTES, max_document_lines=documents.MAX_DOCUMENT_LINES,
+                   max_document_chars=documents.MAX_DOCUMENT_CHARS)
+    settings = {k: v for k, v in unit.items() if k not in ("output", "id")}
+    return dict(settings, **reading, **(input_fingerprint(unit["path"]) if unit.get("path") else {}))
+
+
+def input_fingerprint(path: str) -> dict:
+    """Size and modification time of an input file (nanoseconds locally, seconds in a bucket)."""
+    if storage.is_remote(path):
+        stat = storage.as_path(path).stat()
+        return dict(size=stat.length, mtime=stat.mtime)
+    stat = os.stat(path)
+    return dict(size=stat.st_size, mtime_ns=stat.st_mtime_ns)
+
+
+def unit_files(output: storage.Path, prefix: str) -> list[storage.Path]:
+    """The shards a unit wrote and a killed writer's leftovers (.NAME.tmp-PID); nothing else in the folder."""
+    return [*output.glob(f"{prefix}-[0-9][0-9][0-9][0-9].tfrecord"),
+            *output.glob(f".{prefix}-[0-9][0-9][0-9][0-9].tfrecord.tmp-*")]
 
 
 def prepare_unit(unit: dict) -> dict:
-    """Tokenize one unit into its shards; returns its counts (read back from the marker if it was done before)."""
+    """Tokenize one unit into its shards; returns its counts (read back from the marker if it was done before
+    from the same input and settings)."""
     output, prefix = storage.as_path(unit["output"]), f"{unit['id']:05d}"
-    marker = output / f"{prefix}.done.json"
+    marker, source = output / f"{prefix}.done.json", made_from(unit)
     if marker.exists():
-        return json.loads(marker.read_text())
-    for stale in (*output.glob(f"{prefix}-*"), *output.glob(f".{prefix}-*")):  # .NAME.tmp-PID: a killed writer's
+        done = json.loads(marker.read_text())
+        if done.get("made_from") == source:
+            return done
+        marker.unlink()  # first: its old shards must never count as done with new ones
+    for stale in unit_files(output, prefix):
         stale.unlink()
     tokenizer = tokenizers.load_tokenizer(unit["tokenizer_kind"], unit["tokenizer"], unit["lowercase"])
     counts = documents.new_counts()
-    docs = (read_tfds_documents(unit, counts) if unit.get("name")
-            else documents.read_documents(unit["path"], counts))
-    records = (documents.serialize(*doc) for doc in documents.tokenize_documents(docs, tokenizer, counts))
+    docs = (documents.tokenize_files([unit["path"]], tokenizer, counts) if unit.get("path")
+            else documents.tokenize_documents(read_tfds_documents(unit, counts), tokenizer, counts))
+    records = (documents.serialize(*doc) for doc in docs)
     shards = 0
     for first in records:  # each shard takes its first record and up to docs_per_shard - 1 more from the stream
         storage.write_records(output / f"{prefix}-{shards:04d}.tfrecord",
                               itertools.chain([first], itertools.islice(records, unit["docs_per_shard"] - 1)))
         shards += 1
-    result = dict(counts, shards=shards, source=str(unit.get("path") or unit.get("name")))
+    result = dict(counts, shards=shards, source=str(unit.get("path") or unit.get("name")), made_from=source)
     storage.atomic_write(marker, json.dumps(result))
     return result
 
@@ -96,9 +123,7 @@ def work_units(inputs: list[str], output: storage.PathLike, tokenizer: str, toke
         tfds_builder(tfds["name"], tfds["data_dir"])  # fail now, not in a worker
         units = [dict(common, id=i, index=i, **tfds) for i in range(tfds["count"])]
     else:
-        missing = [f for f in inputs if not storage.as_path(f).is_file()]
-        if not inputs or missing:
-            raise PrepareError(f"input files not found: {missing or 'none given'}")
+        documents.require_files(inputs, "prepare FILES")
         units = [dict(common, id=i, path=str(f)) for i, f in enumerate(inputs)]
     storage.check_writable(output)
     return units
@@ -129,13 +154,7 @@ def _add(totals, result, progress):
 
 
 def main(argv):
-    for name in ("tokenizer", "output"):
-        if FLAGS[name].value is None:
-            raise app.UsageError(f"--{name} is required")
-    try:
-        prepare_from_flags(argv[1:])
-    except (PrepareError, tokenizers.TokenizerError, storage.StorageError) as e:
-        raise SystemExit(f"error: {e}") from None
+    prepare_from_flags(argv[1:])
 
 
 def prepare_from_flags(inputs: list[str]) -> None:
@@ -149,9 +168,9 @@ def prepare_from_flags(inputs: list[str]) -> None:
                                text_key=FLAGS.tfds_text_key, count=FLAGS.tfds_units)
     units = work_units(inputs, output, str(tokenizer), kind, FLAGS.lowercase, FLAGS.docs_per_shard, tfds or None)
     totals = prepare(units, FLAGS.num_workers, FLAGS.process_index, FLAGS.process_count)
-    if FLAGS.process_count == 1 and not totals.get("documents"):
-        raise PrepareError(f"no usable documents in the inputs (counts: {totals}); the text format is one sentence "
-                           "per line with a blank line between documents of at least two sentences")
+    if FLAGS.process_count == 1:
+        sources = documents.plural(len(units), "TFDS slice" if tfds else "file")
+        documents.check_enough_documents(collections.Counter(totals), 1, sources, "prepare")
     storage.atomic_write(output / f"summary-{FLAGS.process_index:03d}.json", json.dumps(totals, indent=1))
     print("summary: " + ", ".join(f"{k}={v}" for k, v in totals.items()))
 
@@ -171,8 +190,9 @@ def define_flags():
     flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir holding the prepared dataset.")
     flags.DEFINE_string("tfds_text_key", "text", "TFDS feature with the text; its lines are the sentences.")
     flags.DEFINE_integer("tfds_units", 64, "How many even slices of the TFDS split to process as separate units.")
+    flags.mark_flags_as_required(["tokenizer", "output"])
 
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli.run(main)

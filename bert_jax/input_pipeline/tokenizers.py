@@ -17,6 +17,7 @@ import tokenizers
 from tokenizers import decoders, models, normalizers, pre_tokenizers
 
 from bert_jax import storage
+from bert_jax.errors import UserError
 
 KINDS = ("wordpiece", "sentencepiece", "bpe")
 # Special tokens per kind, in the id order train_tokenizer gives them (roles: pad, unk, cls, sep, mask).
@@ -27,7 +28,7 @@ SPECIAL_TOKENS = {
 }
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError, ValueError):
     """A tokenizer file that cannot be used; the message names the file."""
 
 

@@ -1,9 +1,10 @@
 """The nine GLUE tasks: where their text and labels sit in the original TSV files (or TFDS), their label sets and
 official metrics, and the submission format of their predictions.
 
-Bad rows are skipped and counted, never fatal: a row whose column count differs from the file's header (or from the
-task's fixed count when the file has none), and a label outside the task's label set. Each file gets one message
-that names it, the counts and the first offending line.
+A bad row is an error naming file:line: a column count that differs from the file's header (or from the task's
+fixed count when the file has none), or a label outside the task's label set. The one exception is QQP, whose broken
+rows are skipped as HF's QqpProcessor skips them: counted, and reported once per file with the first such line.
+An empty file, or one with no rows, is an error too.
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import logging
 import numpy as np
 
 from bert_jax import storage
+from bert_jax.errors import UserError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,6 +33,7 @@ class Task:
     tfds_dev_splits: tuple[str, ...] = ("validation",)
     header: bool = True
     num_columns: int = 0  # for files without a header
+    skips_broken_rows: bool = False  # skip rows with another column count (QQP, as HF's processor) instead of failing
 
 
 # Label order follows TFDS's ClassLabel names, so a TFDS integer label indexes `labels` directly.
@@ -42,7 +45,7 @@ TASKS = {t.name.lower().replace("-", ""): t for t in (
     Task("MRPC", ("0", "1"), ("f1", "accuracy"), (3, 4, 0), (3, 4), tfds_name="mrpc"),
     Task("STS-B", None, ("pearson", "spearman"), (7, 8, 9), (7, 8), tfds_name="stsb"),
     Task("QQP", ("0", "1"), ("f1", "accuracy"), (3, 4, 5), (1, 2), tfds_name="qqp",
-         tfds_features=("question1", "question2")),
+         tfds_features=("question1", "question2"), skips_broken_rows=True),
     Task("MNLI", ("entailment", "neutral", "contradiction"), ("accuracy",), (8, 9, -1), (8, 9),
          dev_files=("dev_matched", "dev_mismatched"), test_files=("test_matched", "test_mismatched"),
          submission_names=("MNLI-m", "MNLI-mm"), tfds_name="mnli", tfds_features=("premise", "hypothesis"),
@@ -54,8 +57,8 @@ TASKS = {t.name.lower().replace("-", ""): t for t in (
 )}
 
 
-class GlueDataError(ValueError):
-    """A GLUE file or TFDS split that cannot be read at all; the message says where to get it."""
+class GlueDataError(UserError, ValueError):
+    """A GLUE file, row or TFDS split that cannot be used; the message names it and says what to do."""
 
 
 @dataclasses.dataclass
@@ -74,6 +77,11 @@ def get_task(name: str) -> Task:
     return TASKS[key]
 
 
+def label_set(task: Task) -> str:
+    """The task's labels in words, for error messages."""
+    return "a score in [0, 5]" if task.labels is None else f"one of {', '.join(task.labels)}"
+
+
 def parse_label(task: Task, text: str):
     """A class index, or a float score for regression; None when the label is outside the task's set."""
     if task.labels is None:
@@ -86,8 +94,7 @@ def parse_label(task: Task, text: str):
 
 
 def read_tsv(task: Task, path: storage.PathLike, labelled: bool = True) -> Split:
-    """One GLUE TSV, local or in a bucket; rows with the wrong column count or an unknown label are skipped and
-    reported."""
+    """One GLUE TSV, local or in a bucket; a bad row is an error naming file:line (QQP: skipped and reported)."""
     path = storage.as_path(path)
     if not path.exists():
         raise GlueDataError(f"{path} not found; pass the folder holding the GLUE {task.name} TSVs as "
@@ -95,29 +102,37 @@ def read_tsv(task: Task, path: storage.PathLike, labelled: bool = True) -> Split
     # QUOTE_NONE semantics: GLUE text holds unbalanced quotes, so split on tabs only. MRPC starts with a BOM.
     with io.TextIOWrapper(path.open("rb"), encoding="utf-8-sig") as f:
         lines = [line.rstrip("\r\n") for line in f]
+    if not lines:
+        raise GlueDataError(f"{path} is empty (0 bytes); download the GLUE {task.name} files again")
     has_header = task.header or not labelled
     num_columns = len(lines[0].split("\t")) if has_header else task.num_columns
+    expected = f"the header's {num_columns} columns" if has_header else f"{task.name}'s {num_columns} columns"
     a_col, b_col, label_col = task.columns if labelled else (*task.test_columns, None)
     text_a, text_b, labels = [], [], []
-    bad_columns, bad_labels = [], []
+    skipped = []
     for line_number, line in enumerate(lines[has_header:], start=1 + has_header):
         row = line.split("\t")
         if len(row) != num_columns:
-            bad_columns.append(line_number)
-            continue
+            if task.skips_broken_rows:
+                skipped.append(line_number)
+                continue
+            found = f"{len(row)} tab-separated columns" if line.strip() else "a blank line"
+            raise GlueDataError(f"{path}:{line_number}: {found} instead of {expected}; fix or remove this row")
         if labelled:
             label = parse_label(task, row[label_col])
             if label is None:
-                bad_labels.append(line_number)
-                continue
+                raise GlueDataError(f"{path}:{line_number}: label {row[label_col]!r} is not "
+                                    f"{label_set(task)}; fix or remove this row")
             labels.append(label)
         text_a.append(row[a_col])
         text_b.append(row[b_col] if b_col is not None else None)
-    for bad, why in ((bad_columns, f"do not have {num_columns} tab-separated columns"),
-                     (bad_labels, f"have a label outside {task.labels or '[0, 5]'}")):
-        if bad:
-            logging.warning("%s: skipped %d of %d rows that %s (first: line %d)", path, len(bad),
-                            len(lines) - has_header, why, bad[0])
+    if skipped:
+        logging.warning("%s: skipped %d of %d rows that do not have %s, as HF's %s processor skips them "
+                        "(first: line %d)", path, len(skipped), len(lines) - has_header, expected, task.name,
+                        skipped[0])
+    if not text_a:
+        content = f"all its {len(skipped)} rows are broken" if skipped else "it holds only a header"
+        raise GlueDataError(f"{path} has no {task.name} examples: {content}; pass a GLUE {task.name} TSV file")
     return Split(text_a, text_b if b_col is not None else None,
                  np.asarray(labels, np.float32 if task.labels is None else np.int32) if labelled else None)
 
@@ -146,6 +161,12 @@ def load_split(task: Task, split: str, data_dir: str = "", tfds_data_dir: str | 
     tfds_splits = {"train": ("train",), "dev": task.tfds_dev_splits,
                    "test": tuple(s.replace("validation", "test") for s in task.tfds_dev_splits)}[split]
     return [read_tfds(task, s, tfds_data_dir) for s in tfds_splits]
+
+
+def has_test_files(task: Task, data_dir: str) -> bool:
+    """Whether the test split can be read: GLUE copies often leave its files out (then there is no submission
+    file), while a test file that is there but broken is an error like any other. TFDS always has the split."""
+    return not data_dir or all((storage.as_path(data_dir) / f"{name}.tsv").exists() for name in task.test_files)
 
 
 def submission_names(task: Task) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ import unicodedata
 import numpy as np
 
 from bert_jax import storage
+from bert_jax.errors import UserError
 from bert_jax.tasks.text import pack, pad_rows, special_count
 
 
@@ -31,46 +32,120 @@ class Example:
     is_impossible: bool = False
 
 
-class SquadDataError(ValueError):
-    """A file that is not SQuAD JSON; the message names it."""
+class SquadDataError(UserError, ValueError):
+    """A file that is not SQuAD JSON, or a question without a key it needs; the message names the file and where."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Question:
+    """One question of a SQuAD file as written there, after its keys were checked."""
+
+    qid: str
+    question: str
+    context: str
+    answers: tuple[tuple[str, int], ...]  # (text, answer_start); empty only when is_impossible
+    is_impossible: bool
+
+
+def read_json(path: storage.PathLike):
+    """A JSON file, local or in a bucket; a missing or malformed file is an error naming it."""
+    path = storage.as_path(path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:  # not found, no permission, no credentials for the bucket: explain() words each
+        raise SquadDataError(str(storage.explain(path, e))) from e
+    except ValueError as e:  # JSONDecodeError and UnicodeDecodeError
+        raise SquadDataError(f"{path}: not a UTF-8 JSON file ({e})") from e
+
+
+def read_articles(path: storage.PathLike) -> list:
+    """The top-level "data" list of a SQuAD JSON file."""
+    document = read_json(path)
+    if not isinstance(document, dict) or not isinstance(document.get("data"), list):
+        raise SquadDataError(f"{storage.as_path(path)}: not a SQuAD JSON file (it needs a top-level 'data' list of "
+                             "articles)")
+    return document["data"]
+
+
+def required(record, key: str, kind: type, where: str):
+    """record[key], checked to be a `kind`; else an error naming where it is missing."""
+    if not isinstance(record, dict) or key not in record:
+        raise SquadDataError(f"{where} has no {key!r}; add it (SQuAD v1.1/v2.0 files need it) or remove the entry")
+    if not isinstance(record[key], kind) or isinstance(record[key], bool):  # to Python, True is an int
+        raise SquadDataError(f"{where}: {key!r} is {record[key]!r}, not a {kind.__name__}")
+    return record[key]
+
+
+def answers_of(qa: dict, where: str) -> tuple[tuple[str, int], ...]:
+    """A question's (text, answer_start) answers. Only a v2.0 question that says is_impossible may have none: a
+    v1.1 question without answers is a broken file, not a no-answer target."""
+    if qa.get("is_impossible") is True:
+        return ()
+    answers = qa.get("answers")
+    if not isinstance(answers, list) or not answers:
+        raise SquadDataError(f"{where} has no answers; every SQuAD v1.1 question has at least one, and a v2.0 "
+                             'question without one says "is_impossible": true; fix or remove the question')
+    wheres = [f"{where} answer {i}" for i in range(len(answers))]
+    return tuple((required(a, "text", str, w), required(a, "answer_start", int, w)) for a, w in zip(answers, wheres))
+
+
+def questions_of(articles: list, source: str) -> list[Question]:
+    """Every question of a SQuAD "data" list, in file order; `source` (the file) is named in every error."""
+    questions = []
+    for a, article in enumerate(articles):
+        title = article.get("title", a) if isinstance(article, dict) else a
+        for p, paragraph in enumerate(required(article, "paragraphs", list, f"{source}: article {title!r}")):
+            where = f"{source}: article {title!r} paragraph {p}"
+            context = required(paragraph, "context", str, where)
+            for q, qa in enumerate(required(paragraph, "qas", list, where)):
+                qid = required(qa, "id", str, f"{where} question {q}")
+                where_qa = f"{source}: question {qid!r}"
+                questions.append(Question(qid, required(qa, "question", str, where_qa), context,
+                                          answers_of(qa, where_qa), qa.get("is_impossible") is True))
+    if not questions:
+        raise SquadDataError(f"{source}: holds no questions; pass a SQuAD v1.1/v2.0 JSON file")
+    return questions
 
 
 def read_squad(path: storage.PathLike, training: bool) -> list[Example]:
-    """Questions in file order (the file local or in a bucket). An answer whose text is not at its answer_start (nor
-    anywhere in the context) is counted; in training its question is skipped, in evaluation it is kept (the scorer
+    """Questions in file order (the file local or in a bucket). As BERT's run_squad, a first answer whose text is
+    not at its answer_start is counted; in training its question is skipped, in evaluation it is kept (the scorer
     reads the gold texts)."""
     path = storage.as_path(path)
-    try:
-        articles = json.loads(path.read_text(encoding="utf-8"))["data"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise SquadDataError(f"{path}: not a SQuAD JSON file with a top-level 'data' list ({e})") from e
-    examples, not_found = [], []
-    for article in articles:
-        for paragraph in article["paragraphs"]:
-            context = paragraph["context"]
-            for qa in paragraph["qas"]:
-                impossible = bool(qa.get("is_impossible", False)) or not qa.get("answers")
-                start = end = -1
-                if not impossible:
-                    answer = qa["answers"][0]
-                    start = locate_answer(context, answer["text"], answer["answer_start"])
-                    if start < 0:
-                        not_found.append(qa["id"])
-                        if training:
-                            continue
-                    end = start + len(answer["text"]) if start >= 0 else -1
-                examples.append(Example(qa["id"], qa["question"], context, start, end, impossible))
-    if not_found:
-        logging.warning("%s: %d answers are not found in their context%s (first: question %s)", path, len(not_found),
-                        "; their questions are skipped" if training else "", not_found[0])
+    examples, misplaced = [], []
+    for q in questions_of(read_articles(path), str(path)):
+        start = end = -1
+        if not q.is_impossible:
+            text, answer_start = q.answers[0]
+            if answer_is_at(q.context, text, answer_start):
+                start, end = answer_start, answer_start + len(text)
+            else:
+                misplaced.append(q.qid)
+                if training:
+                    continue
+        examples.append(Example(q.qid, q.question, q.context, start, end, q.is_impossible))
+    if misplaced:
+        logging.warning("%s: %d answers are not at their answer_start%s (first: question %s)", path, len(misplaced),
+                        "; their questions are skipped" if training else "", misplaced[0])
+    if not examples:
+        raise SquadDataError(f"{path}: none of its {len(misplaced)} answers is at its answer_start, so there is "
+                             "nothing to train on; fix the answer_start offsets")
     return examples
 
 
-def locate_answer(context: str, text: str, answer_start: int) -> int:
-    """The answer's start offset: answer_start when the text is there, else its first occurrence, else -1."""
-    if context[answer_start:answer_start + len(text)] == text:
-        return answer_start
-    return context.find(text) if text else -1
+def answer_is_at(context: str, text: str, answer_start: int) -> bool:
+    """run_squad's test: the whitespace-separated words that answer_start..answer_start+len(text) touches contain
+    the text (whitespace runs compared as one space)."""
+    end = answer_start + len(text)
+    if not text.strip() or not 0 <= answer_start < end <= len(context):
+        return False
+    if context[answer_start:end] == text:
+        return True
+    while answer_start > 0 and not context[answer_start - 1].isspace():
+        answer_start -= 1
+    while end < len(context) and not context[end].isspace():
+        end += 1
+    return " ".join(text.split()) in " ".join(context[answer_start:end].split())
 
 
 def is_separator(ch: str) -> bool:

@@ -53,13 +53,14 @@ def test_shards_match_in_memory_tokenization_and_resume(tmp_path):
     config.data.prepared_dir, config.data.input_files = str(out), ""
     from_shards = PretrainingPipeline(config)
     np.testing.assert_array_equal(from_text.examples._tokens.numpy(), from_shards.examples._tokens.numpy())
-    # A finished job is not redone; an interrupted unit (no marker, a stray .tmp) is redone from scratch.
+    # A finished job is not redone; an interrupted unit (no marker, a killed writer's temporary file) is redone
+    # from scratch.
     mtimes = {p: p.stat().st_mtime_ns for p in out.glob("00000-*.tfrecord")}
     (out / "00001.done.json").unlink()
-    (out / "00001-0007.tfrecord.tmp").write_bytes(b"half written")
+    (out / ".00001-0007.tfrecord.tmp-12345").write_bytes(b"half written")
     assert prepare.prepare(job, num_workers=1) == totals
     assert {p: p.stat().st_mtime_ns for p in out.glob("00000-*.tfrecord")} == mtimes
-    assert not list(out.glob("*.tmp"))
+    assert not list(out.glob(".*.tmp-*"))
 
 
 def test_cli_in_parallel_with_summary(tmp_path):
@@ -75,7 +76,7 @@ def test_cli_in_parallel_with_summary(tmp_path):
 
 
 def test_missing_inputs_and_unavailable_tfds(tmp_path):
-    with pytest.raises(prepare.PrepareError, match="input files not found: .*nope.txt"):
+    with pytest.raises(documents.InputFilesError, match="prepare FILES: input files not found: .*nope.txt"):
         units([tmp_path / "nope.txt"], tmp_path)
     with pytest.raises(prepare.PrepareError, match="--tfds=wikipedia/20230601.en: not available offline"):
         prepare.tfds_builder("wikipedia/20230601.en", str(tmp_path))

@@ -1,0 +1,85 @@
+"""Every command's entry point: absl flags, then the command; a UserError ends it with one line and exit code 1.
+
+Tracebacks are for bugs: a user error shows its traceback only when --verbosity is given. A --config.KEY override
+that the config does not have is named on one line (exit code 2) instead of ml_collections' AttributeError.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import re
+import sys
+from collections.abc import Callable
+
+from absl import app, flags, logging
+
+from bert_jax.errors import UserError
+
+USAGE_ERROR = 2  # what absl uses for a flag it cannot parse
+
+
+def verbose() -> bool:
+    """Whether the user asked for the log and for tracebacks (--verbosity=0 shows Orbax's and JAX's INFO lines)."""
+    return flags.FLAGS["verbosity"].present
+
+
+def unknown_config_key(argv: list[str], error: Exception) -> str:
+    """The one line for a --config.KEY=VALUE naming a key the config file lacks, with the closest key it has."""
+    text = str(error)
+    overrides = [arg[2:].split("=", 1)[0] for arg in argv[1:] if arg.startswith("--config.")]
+    words = re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text)
+    culprit = next((o for word in words for o in overrides if word in o.split(".")[1:]), None)
+    key = culprit.rsplit(".", 1)[-1] if culprit else (words[0] if words else text)
+    config = next((arg.split("=", 1)[1] for arg in argv[1:] if arg.startswith("--config=")), "the config file")
+    close = next(iter(close_keys(culprit or key, config)), None)
+    hint = f"did you mean {close!r}?" if close else "check its spelling against that config file"
+    return f"error: --{culprit or 'config.' + key}: {config} has no key {key!r}; {hint}"
+
+
+def close_keys(dotted: str, config_arg: str) -> list[str]:
+    """Keys of the config file `config_arg` (path[:argument]) at the level of `dotted` spelled like its last part."""
+    path, _, argument = config_arg.partition(":")
+    try:
+        spec = importlib.util.spec_from_file_location("bert_jax_cli_config", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        config = module.get_config(*([argument] if argument else []))
+    except Exception:  # noqa: BLE001 - only a hint; the error line is printed either way
+        return []
+    *parents, name = dotted.removeprefix("config.").split(".")
+    for parent in parents:
+        config = config.get(parent) if hasattr(config, "get") else None
+    return difflib.get_close_matches(name, list(config.keys()), n=1) if hasattr(config, "keys") else []
+
+
+def parse_flags(argv: list[str]) -> list[str]:
+    """absl's flag parsing, with an unknown --config.KEY as one line."""
+    try:
+        return flags.FLAGS(argv)
+    except (AttributeError, KeyError) as e:
+        print(unknown_config_key(argv, e), file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+    except flags.Error as e:
+        print(f"error: {e}\nPass --helpshort or --helpfull to see help on flags.", file=sys.stderr)
+        sys.exit(USAGE_ERROR)
+
+
+def guarded(command: Callable[[list[str]], object]) -> Callable[[list[str]], None]:
+    """`command` with quiet logging unless --verbosity is given, and a UserError ending it as one line."""
+
+    def main(argv: list[str]) -> None:
+        if not verbose():
+            logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
+        try:
+            command(argv)
+        except UserError as e:
+            if verbose():
+                raise
+            raise SystemExit(f"error: {e}") from None
+
+    return main
+
+
+def run(command: Callable[[list[str]], object]) -> None:
+    """Parse the flags and run `command(argv)` as a bert_jax command."""
+    app.run(guarded(command), flags_parser=parse_flags)
