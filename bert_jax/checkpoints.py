@@ -211,6 +211,7 @@ def set_aside(manager: ocp.CheckpointManager, failures: dict[int, str]) -> None:
         if jax.process_index() == 0:
             storage.move_tree(folder, aside)
     multihost_utils.sync_global_devices("bert_jax: unreadable checkpoints set aside")
+    storage.forget_listings(manager.directory)
     manager.reload()
 
 

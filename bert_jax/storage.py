@@ -153,6 +153,14 @@ def _bucket_fs(path: Path):
     return epath.backend.fsspec_backend.fs(path), strip_protocol(os.fspath(path))
 
 
+def forget_listings(path: PathLike) -> None:
+    """Drop this process's cached bucket listings under `path`: gcsfs keeps what it listed, so a file that another
+    host wrote since would look absent here."""
+    if is_remote(path):
+        fs, root = _bucket_fs(as_path(path))
+        fs.invalidate_cache(root)
+
+
 def move_file(source: PathLike, target: PathLike) -> None:
     """Rename a file over `target`: os.replace locally, a server-side copy then delete in a bucket (gcsfs's own move
     first tries an object-move API that not every bucket, nor the test server, offers, for half a minute)."""

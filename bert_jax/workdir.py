@@ -149,6 +149,7 @@ def check_shared(workdir: storage.Path) -> None:
     if jax.process_index() == 0:
         storage.atomic_write(probe, "")
     multihost_utils.sync_global_devices("bert_jax: shared-probe written")
+    storage.forget_listings(workdir)  # check() listed it before the probe was there
     seen = multihost_utils.process_allgather(np.array(probe.exists()))
     multihost_utils.sync_global_devices("bert_jax: shared-probe read")
     if jax.process_index() == 0:

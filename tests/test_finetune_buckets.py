@@ -113,4 +113,5 @@ def test_rte_finetune_with_data_and_workdir_in_a_bucket(bucket_dir, init_dir):  
     for split in ("dev", "test"):
         lines = (workdir / "predictions" / split / "RTE.tsv").read_text().splitlines()
         assert lines[0] == "index\tprediction" and len(lines) == 33
-    assert json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1]) == {"step": 2, **results}
+    last_row = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last_row["step"] == 2 and "loss" in last_row and last_row.items() >= results.items()  # one row per step
