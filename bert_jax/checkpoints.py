@@ -60,7 +60,8 @@ def split_state(state: dict) -> tuple[dict, dict]:
 def quiet_reported_orbax_errors() -> None:
     """Leave out of the log and stderr what Orbax and TensorStore print about a failed save or read, which reaches
     the caller as one error; once per process."""
-    std_logging.getLogger("absl").addFilter(without_orbax_tracebacks)
+    for logger in ("absl", "asyncio"):
+        std_logging.getLogger(logger).addFilter(without_orbax_tracebacks)
     if not getattr(sys.unraisablehook, "drops_abandoned_async_work", False):
         previous = sys.unraisablehook
 
@@ -85,10 +86,18 @@ def is_abandoned_async_work(unraisable) -> bool:
 
 
 def without_orbax_tracebacks(record: std_logging.LogRecord) -> bool:
-    """Log filter: Orbax logs a failed save with its traceback and TensorStore spec in each thread it passes
-    (hundreds of lines for a full disk, burying the cause), then raises it to the caller, where it becomes one
-    SaveError. Those records are kept when absl logs at INFO (--verbosity)."""
-    return not (record.exc_info and f"{os.sep}orbax{os.sep}" in record.pathname and not logging.level_info())
+    """Log filter: Orbax logs a failed save with its traceback and TensorStore spec in each thread it passes, and
+    asyncio logs the same error again for each of Orbax's write tasks nobody awaited ("Task exception was never
+    retrieved"): hundreds of lines for a full disk, burying the cause, which reaches the caller as one SaveError.
+    Those records are kept when absl logs at INFO (--verbosity)."""
+    return not (record.exc_info and from_orbax(record) and not logging.level_info())
+
+
+def from_orbax(record: std_logging.LogRecord) -> bool:
+    """Whether a log record with a traceback was written by Orbax or is about an error raised inside Orbax."""
+    orbax_folder = f"{os.sep}orbax{os.sep}"
+    frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info[2] else []
+    return orbax_folder in record.pathname or any(orbax_folder in frame.filename for frame in frames)
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict) -> None:

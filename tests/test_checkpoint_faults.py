@@ -5,6 +5,7 @@ Run as a script, this file is the child process of the subprocess tests: `python
 """
 import asyncio
 import hashlib
+import logging
 import os
 import pathlib
 import signal
@@ -191,6 +192,21 @@ def test_failed_save_at_exit_prints_one_short_error(small_disk):
     assert lines[-1].startswith("error: could not save step 2 ") and "no space left on device" in lines[-1]
     assert len(lines) < 20, child.stderr[-3000:]
     assert "sys.meta_path is None" not in child.stderr and "Traceback" not in child.stderr
+
+
+def test_asyncio_reports_of_failed_orbax_writes_are_left_out():
+    """asyncio logs each unawaited write task's error again ("Task exception was never retrieved")."""
+    def record_of_error_raised_in(filename: str) -> logging.LogRecord:
+        try:
+            exec(compile("raise ValueError('RESOURCE_EXHAUSTED: No space left on device')", filename, "exec"))
+        except ValueError:
+            return logging.LogRecord("asyncio", logging.ERROR, asyncio.base_events.__file__, 1,
+                                     "Task exception was never retrieved", None, sys.exc_info())
+
+    checkpoints.quiet_reported_orbax_errors()
+    asyncio_logger = logging.getLogger("asyncio")
+    assert not asyncio_logger.filter(record_of_error_raised_in(f"{os.sep}site-packages{os.sep}orbax{os.sep}w.py"))
+    assert asyncio_logger.filter(record_of_error_raised_in(f"{os.sep}elsewhere{os.sep}user_code.py"))
 
 
 def test_kill_during_save_keeps_the_previous_step(tmp_path):
