@@ -1,4 +1,5 @@
 # make test: create .venv if missing, install bert_jax with its test extras, run the suite.
+# make lint: ruff over the repository (ruff.toml); CI runs it before the tests.
 # make train: create .venv if missing, install bert_jax, pretrain a tiny BERT on the bundled corpus (runs/bert-tiny).
 # make bench: run the CPU benchmarks against transformers and write benchmarks/RESULTS.md.
 VENV ?= .venv
@@ -7,7 +8,7 @@ PY := $(VENV)/bin/python
 TRAIN_WORKDIR ?= runs/bert-tiny
 TRAIN_FLAGS ?=
 
-.PHONY: test train bench
+.PHONY: test lint train bench
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -17,6 +18,9 @@ $(VENV)/.installed: setup.py
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q tests
+
+lint: $(VENV)/.installed
+	$(PY) -m ruff check .
 
 bench: $(VENV)/.installed
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/run_all.py

@@ -30,7 +30,6 @@ from bert_jax.evaluation import glue_metrics  # noqa: E402
 from bert_jax.tasks import glue  # noqa: E402
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-FOLDERS = {"rte": "RTE", "mrpc": "MRPC", "stsb": "STS-B"}
 flags.DEFINE_string("glue_dir", str(REPO.parent / "shared" / "data" / "glue"), "Folder of the GLUE task folders.")
 flags.DEFINE_list("tasks", ["rte", "mrpc", "stsb"], "GLUE tasks.")
 flags.DEFINE_float("num_epochs", 3.0, "Epochs.")
@@ -42,7 +41,7 @@ flags.DEFINE_integer("max_train_examples", 0, "0: all (a smaller number times a 
 
 def ours(task: str, init: pathlib.Path, workdir: pathlib.Path) -> tuple[dict, float, dict]:
     config = config_lib.load_preset("glue", task)
-    config.update(dict(init=str(init), data_dir=str(pathlib.Path(flags.FLAGS.glue_dir) / FOLDERS[task]),
+    config.update(dict(init=str(init), data_dir=str(pathlib.Path(flags.FLAGS.glue_dir) / glue.get_task(task).name),
                        batch_size=flags.FLAGS.batch_size, max_seq_length=flags.FLAGS.max_seq_length,
                        num_epochs=flags.FLAGS.num_epochs, max_train_examples=flags.FLAGS.max_train_examples,
                        checkpoint_every_steps=100_000))
@@ -73,7 +72,7 @@ def hf(task: str, init: pathlib.Path, head: dict, length_bucket: int) -> tuple[d
     """The same fine-tune in PyTorch; `head` holds bert_jax's initial classifier weights, copied in."""
     torch.manual_seed(0)
     spec = glue.get_task(task)
-    folder = pathlib.Path(flags.FLAGS.glue_dir) / FOLDERS[task]
+    folder = pathlib.Path(flags.FLAGS.glue_dir) / spec.name
     train, (dev,) = glue.read_tsv(spec, folder / "train.tsv"), glue.load_split(spec, "dev", str(folder))
     if flags.FLAGS.max_train_examples:
         train = finetune.first_n(train, flags.FLAGS.max_train_examples)
@@ -117,7 +116,7 @@ def initial_head(init: pathlib.Path, config) -> dict:
     from bert_jax import load_pretrained, modeling
 
     labels = glue.get_task(config.task).labels
-    model = modeling.SequenceClassifier(load_pretrained(init, task="backbone").config, len(labels or [None]))
+    model = modeling.SequenceClassifier(load_pretrained(init, head="backbone").config, len(labels or [None]))
     params_rng = jax.random.split(jax.random.key(config.seed))[0]
     return jax.device_get(modeling.init_params(model, params_rng)["classifier"])
 

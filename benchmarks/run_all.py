@@ -43,7 +43,8 @@ def kept_sections() -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# Benchmark results\n\n{datetime.date.today().isoformat()} on {machine_description()}, by `make bench`.\n",
+    today = datetime.date.today().isoformat()
+    lines = [f"# Benchmark results\n\n{today} on {machine_description()}, by `make bench`.\n",
              "| benchmark | figures |", "|---|---|"]
     for name, figures in results.items():
         shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in figures.items())

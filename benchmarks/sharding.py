@@ -24,7 +24,7 @@ import jax  # noqa: E402
 
 jax.config.update("jax_num_cpu_devices", 8)
 
-from bert_jax import config_lib, sharding, train  # noqa: E402
+from bert_jax import config_lib, families, sharding, train  # noqa: E402
 from bert_jax import sharding_audit as audit  # noqa: E402
 
 MESHES = [(8, 1, 1), (1, 8, 1), (1, 1, 8), (2, 2, 2), (1, 2, 4)]
@@ -80,8 +80,8 @@ def print_row(model: str, row: dict) -> None:
 def check_presets(seq: int) -> dict:
     """Whether every preset's step lowers (shardings resolved, no IndivisibleError) on the tensor meshes."""
     results = {}
-    for family in config_lib.FAMILIES:
-        for size in config_lib.preset_sizes(family):
+    for family in families.names():
+        for size in families.get(family).sizes:
             for mesh_shape in [(1, 1, 8), (1, 2, 4)]:
                 config = step_config(family, size, mesh_shape, batch=8, seq=seq)
                 mesh = sharding.make_mesh(*mesh_shape)

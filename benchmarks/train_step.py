@@ -23,15 +23,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import linen as nn  # noqa: E402
 
-from bert_jax import config_lib, flops, objectives, optimizer, train  # noqa: E402
+from bert_jax import config_lib, flops, objectives, optimizer, state_dict, train  # noqa: E402
 from bert_jax.config_lib import generator_config  # noqa: E402
-from bert_jax.modeling import pretraining_model  # noqa: E402
+from bert_jax.modeling import objective_head, pretraining_model  # noqa: E402
 
 MODELS = {"bert-base": ("bert", "base"), "roberta-base": ("roberta", "base"), "albert-base": ("albert", "base"),
           "electra-small": ("electra", "small"), "bert-large": ("bert", "large"), "bert-tiny": ("bert", "tiny")}
-HF_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
-           "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
-           "layer_norm_eps", "embedding_size", "num_hidden_groups", "pad_token_id")
 
 
 def benchmark_config(model_name: str, batch: int, seq: int, switches: list[str]):
@@ -52,7 +49,8 @@ def synthetic_batch(config, rng: np.random.Generator) -> dict:
     b, s, p = config.data.batch_size, config.data.seq_length, config.masking.max_predictions_per_seq
     positions = np.sort(np.stack([rng.choice(np.arange(1, s), p, replace=False) for _ in range(b)]), axis=1)
     input_ids = rng.integers(1000, 8000, (b, s))
-    batch = dict(input_ids=input_ids, input_mask=np.ones((b, s)), segment_ids=(np.arange(s) >= s // 2) * np.ones((b, 1)),
+    segment_ids = (np.arange(s) >= s // 2) * np.ones((b, 1))
+    batch = dict(input_ids=input_ids, input_mask=np.ones((b, s)), segment_ids=segment_ids,
                  masked_lm_positions=positions, masked_lm_ids=np.take_along_axis(input_ids, positions, 1),
                  masked_lm_weights=np.ones((b, p)), next_sentence_labels=rng.integers(0, 2, b),
                  sentence_order_labels=rng.integers(0, 2, b))
@@ -73,23 +71,21 @@ def jax_step(config):
 
 
 def hf_model(config):
+    """The transformers model of the same architecture and head (state_dict.config_to_hf names its class)."""
     import torch  # the baseline only: a GPU check runs without PyTorch
     import transformers
 
+    def build(model_config, head):
+        hf = state_dict.config_to_hf(model_config, head)
+        return getattr(transformers, hf["architectures"][0])(transformers.AutoConfig.for_model(**hf))
+
     model = config.model
-    kwargs = {k: model[k] for k in HF_KEYS}
-    family = model.family
-    classes = {"bert": (transformers.BertConfig, transformers.BertForPreTraining),
-               "roberta": (transformers.RobertaConfig, transformers.RobertaForMaskedLM),
-               "albert": (transformers.AlbertConfig, transformers.AlbertForPreTraining)}
-    if family == "electra":
-        generator = transformers.ElectraForMaskedLM(transformers.ElectraConfig(**{
-            **kwargs, **{k: generator_config(model)[k] for k in HF_KEYS}}))
-        discriminator = transformers.ElectraForPreTraining(transformers.ElectraConfig(**kwargs))
+    head = objective_head(config.objective, model)
+    if head == "both":
+        generator, discriminator = build(generator_config(model), "generator"), build(model, "discriminator")
         discriminator.electra.embeddings = generator.electra.embeddings  # shared, as in ELECTRA
         return torch.nn.ModuleDict({"generator": generator, "discriminator": discriminator})
-    config_cls, model_cls = classes[family]
-    return model_cls(config_cls(**kwargs))
+    return build(model, head)
 
 
 def torch_step(config):

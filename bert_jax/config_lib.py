@@ -1,7 +1,9 @@
-"""Config building blocks shared by the files in `configs/`, their validation, and preset loading.
+"""The one house of configuration: the defaults every config starts from (model, data, masking, trainer,
+fine-tuning), their validation, and preset loading.
 
 Every config is a locked `ml_collections.ConfigDict`: setting or reading an unknown key raises an error that names it.
-The per-family files in `configs/` hold the size tables; this module holds the defaults they start from.
+A family's presets (sizes, objective, tokenizer, example and masking defaults) live in its `bert_jax/families` file;
+the files in `configs/` are what `--config=` names and are built from the functions here.
 """
 from __future__ import annotations
 
@@ -10,10 +12,9 @@ import pathlib
 
 import ml_collections
 
+from bert_jax import families
 from bert_jax.errors import UserError
-from bert_jax.input_pipeline import config as input_config
 
-FAMILIES = ("bert", "roberta", "albert", "electra")
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "tanh")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 DTYPES = ("float32", "bfloat16")
@@ -21,6 +22,7 @@ DTYPES = ("float32", "bfloat16")
 # the others name a fused jax.nn.dot_product_attention kernel ("auto": cuDNN flash attention on GPU, XLA elsewhere).
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "reference")
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
+SAMPLE_CORPUS = "data/corpus/*.txt"
 
 
 class ConfigError(UserError, ValueError):
@@ -87,7 +89,7 @@ def validate_model_config(model: ml_collections.ConfigDict, needs_generator: boo
                 value = value[part]
             raise ConfigError(f"config.model.{key}={value!r}: {why}")
 
-    require(model.family in FAMILIES, "family", f"must be one of {FAMILIES}")
+    require(model.family in families.names(), "family", f"must be one of {families.names()}")
     for key in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                 "max_position_embeddings", "type_vocab_size", "embedding_size", "num_hidden_groups"):
         require(int(model[key]) > 0, key, "must be a positive integer")
@@ -102,9 +104,11 @@ def validate_model_config(model: ml_collections.ConfigDict, needs_generator: boo
     require(model.attention_impl in ATTENTION_IMPLS, "attention_impl", f"must be one of {ATTENTION_IMPLS}")
     require(0.0 <= model.hidden_dropout_prob < 1.0, "hidden_dropout_prob", "must be in [0, 1)")
     require(0.0 <= model.attention_probs_dropout_prob < 1.0, "attention_probs_dropout_prob", "must be in [0, 1)")
-    if model.family == "roberta":
+    require(not model.scan_layers or families.of(model).scans_layers, "scan_layers",
+            f"{model.family}'s layers are not all alike, so they cannot be scanned; set it False")
+    if families.of(model).position_offset:
         require(model.max_position_embeddings > model.pad_token_id + 1, "max_position_embeddings",
-                "RoBERTa positions start at pad_token_id + 1; leave room for them")
+                "positions start at pad_token_id + 1 (fairseq's numbering); leave room for them")
     gen = model.generator
     if needs_generator or gen.hidden_size > 0:
         for key in ("hidden_size", "num_attention_heads", "intermediate_size", "num_hidden_layers"):
@@ -122,23 +126,21 @@ def generator_config(model: ml_collections.ConfigDict) -> ml_collections.ConfigD
     return gen
 
 
-def load_preset(family: str, size: str) -> ml_collections.ConfigDict:
-    """The config that `--config=configs/<family>.py:<size>` gives, loaded from the repository's configs/ folder."""
-    path = CONFIG_DIR / f"{family}.py"
+def load_preset(name: str, arg: str | None = None) -> ml_collections.ConfigDict:
+    """The config that `--config=configs/<name>.py:<arg>` gives: a family's preset of size `arg` (its default size
+    when None) from the registry, or another file of the repository's configs/ folder (glue, squad, compare)."""
+    if name in families.names():
+        family = families.get(name)
+        size = arg or family.default_size
+        model = model_config(family.name, **select_size(family.sizes, size, family.name))
+        return lock(pretraining_config(model, objective=family.objective, size=size))
+    path = CONFIG_DIR / f"{name}.py"
     if not path.exists():
-        raise ConfigError(f"no config file {path}; families are {FAMILIES}")
-    spec = importlib.util.spec_from_file_location(f"bert_jax_configs_{family}", path)
+        raise ConfigError(f"no config file {path}; families are {families.names()}")
+    spec = importlib.util.spec_from_file_location(f"bert_jax_configs_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.get_config(size)
-
-
-def preset_sizes(family: str) -> tuple[str, ...]:
-    """The sizes `configs/<family>.py` offers, in the order the papers list them."""
-    spec = importlib.util.spec_from_file_location(f"bert_jax_configs_{family}", CONFIG_DIR / f"{family}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return tuple(module.SIZES)
+    return module.get_config() if arg is None else module.get_config(arg)
 
 
 def select_size(sizes: dict, size: str, family: str) -> dict:
@@ -159,16 +161,55 @@ def pretraining_config(model: ml_collections.ConfigDict, objective: str, size: s
     config.model = model
     config.objective = objective
     config.seed = 0
-    config.data = input_config.data_config(model.family, size)
-    config.masking = input_config.masking_config(model.family)
+    config.data = data_config(model.family, size)
+    config.masking = masking_config(model.family)
     config.update(trainer_config(model.family, size))
     return config
+
+
+def data_config(family: str, size: str) -> ml_collections.ConfigDict:
+    """Where the text comes from and how examples are shaped. Tiny presets read the bundled sample corpus."""
+    spec = families.get(family)
+    tiny = size == "tiny"
+    return ml_collections.ConfigDict(dict(
+        tokenizer_kind=spec.tokenizer.kind,
+        tokenizer_path=spec.tokenizer.tiny_path if tiny else spec.tokenizer.full_path,
+        lowercase=True,  # wordpiece only; sentencepiece and bpe carry their normalization in the model files
+        # Either a folder written by `prepare`, or text files tokenized when the pipeline starts, read as `prepare`
+        # reads them (comma-separated globs; meant for small corpora such as the sample one: the tokens stay in
+        # memory).
+        prepared_dir="",
+        input_files=SAMPLE_CORPUS if tiny else "",
+        example_kind=spec.example_kind,
+        seq_length=128,
+        batch_size=32 if tiny else 256,  # global batch; each host yields batch_size // process_count
+        short_seq_prob=0.1,  # pairs: chance of a shorter target length, as in BERT
+        shuffle=True,  # a full permutation of the examples every epoch (stateless, no buffer)
+        prefetch_batches=4,
+    ))
+
+
+def masking_config(family: str) -> ml_collections.ConfigDict:
+    """MLM masking: which tokens are predicted, and what replaces them in the input (the family's overrides on
+    BERT's recipe)."""
+    masking = ml_collections.ConfigDict(dict(
+        mode="dynamic",  # static: dupe_factor fixed mask copies (BERT); dynamic: new masks every epoch
+        dupe_factor=10,  # static only: epoch e uses mask copy e mod dupe_factor
+        rate=0.15,  # of the non-special tokens, rounded, at least 1
+        max_predictions_per_seq=20,
+        whole_word=False,
+        ngram_max=1,  # span lengths n <= ngram_max with p(n) proportional to 1/n
+        mask_token_prob=0.8,
+        random_token_prob=0.1,  # the rest keeps the original token
+    ))
+    masking.update(families.get(family).masking)
+    return masking
 
 
 def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
     """Loop, mesh and optimizer defaults of `bert_jax.train`; tiny presets run a short demo on a CPU."""
     tiny = size == "tiny"
-    lamb = family == "albert"  # ALBERT trained with LAMB, the others with Adam
+    lamb = families.get(family).optimizer == "lamb"
     return ml_collections.ConfigDict(dict(
         # Continued pretraining: start the parameters from anything load_pretrained reads (HF folder, TF1
         # checkpoint, bert_jax workdir or export); the optimizer, step and data start afresh. Ignored (and said so)
@@ -206,6 +247,44 @@ def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
         peak_flops=0.0,  # per device, for MFU; 0 measures a matmul at start
         # Keep compiled XLA programs here across restarts and hosts ("" turns the persistent cache off).
         compilation_cache_dir="",
+    ))
+
+
+def finetune_config(task: str, max_seq_length: int, batch_size: int, learning_rate: float,
+                    num_epochs: float) -> ml_collections.ConfigDict:
+    """The settings every fine-tuning run shares; configs/glue.py and configs/squad.py add their task's own."""
+    return ml_collections.ConfigDict(dict(
+        task=task,
+        objective=f"finetune_{task}",  # what the workdir's checkpoints hold (checked on resume)
+        init="",  # any path bert_jax.load_pretrained accepts (HF dir, TF1 checkpoint, bert_jax workdir); required
+        # Replaced by the init checkpoint's architecture at start; listed so config.json records it.
+        model=model_config("bert"),
+        max_seq_length=max_seq_length,
+        # Cut each batch's trailing padding to a multiple of this many tokens (0: always max_seq_length).
+        length_bucket=0,
+        batch_size=batch_size,
+        eval_batch_size=64,
+        num_epochs=num_epochs,
+        max_train_examples=0,  # 0: all; else the first N (quick runs)
+        seed=0,
+        log_every_steps=50,
+        checkpoint_every_steps=1000,
+        checkpoint_every_secs=600,  # also save when this many seconds passed since the last save (0: off)
+        keep_checkpoints=1,
+        mesh=dict(data=-1, fsdp=1, tensor=1),
+        optimizer=dict(
+            name="adamw",
+            learning_rate=learning_rate,
+            warmup_fraction=0.1,  # of the total steps, then linear decay to 0
+            decay="linear",
+            power=1.0,
+            weight_decay=0.01,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-6,
+            grad_clip_norm=1.0,
+        ),
+        nan_policy="stop",
     ))
 
 

@@ -256,7 +256,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     for key in ("batch_size", "eval_batch_size"):
         if config[key] % shards:
             raise sharding.MeshError(f"config.{key}={config[key]} does not split over mesh data*fsdp = {shards}")
-    pretrained = load_pretrained(config.init, task="backbone", mesh=mesh)  # placed as the state's backbone is
+    pretrained = load_pretrained(config.init, head="backbone", mesh=mesh)  # placed as the state's backbone is
     config = with_model(config, pretrained.config)
     sharding.check_model_fits(config.model, mesh, config.max_seq_length, False, padded_vocab_size(config.model))
     task = make_task(config, pretrained.tokenizer, config.model.family)

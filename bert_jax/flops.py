@@ -7,14 +7,16 @@ step is 3x the forward pass (backward = 2x forward). Rematerialisation does not 
 """
 from __future__ import annotations
 
+from bert_jax import families
 from bert_jax.config_lib import generator_config
+from bert_jax.modeling.transformer import has_embedding_projection
 
 
 def encoder_forward_flops(model, seq_length: int) -> int:
     """One sequence through the embedding projection and all layers (shared layers count every time they run)."""
     s, h, i = seq_length, model.hidden_size, model.intermediate_size
-    projection = 2 * s * model.embedding_size * h if (model.family == "albert" or model.embedding_size != h) else 0
-    per_layer = 2 * s * 4 * h * h + 2 * s * 2 * h * i + 2 * 2 * s * s * h
+    projection = 2 * s * model.embedding_size * h if has_embedding_projection(model) else 0
+    per_layer = 2 * s * 4 * h * h + 2 * s * families.of(model).ffn_matrices * h * i + 2 * 2 * s * s * h
     return projection + model.num_hidden_layers * per_layer
 
 

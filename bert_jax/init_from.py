@@ -18,19 +18,19 @@ from absl import logging
 from flax import linen as nn
 from flax import traverse_util
 
-from bert_jax import config_lib, modeling, state_dict, storage
+from bert_jax import config_lib, families, modeling, state_dict, storage
 from bert_jax.errors import UserError
 from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import tokenizers as tokenizer_lib
 from bert_jax.modeling.transformer import to_model_layout
-from bert_jax.pretrained import TASK_OF_OBJECTIVE, Pretrained, host_params, load_pretrained, max_tokens
+from bert_jax.pretrained import Pretrained, host_params, load_pretrained, max_tokens
 from bert_jax.workdir import EXECUTION_KEYS
 
 # Model keys the training config decides whatever the checkpoint says: how the model computes (the parameters stay
 # valid), dropout, and whether there is a pooler (the sentence-pair head needs one; it starts random if missing).
 TRAINING_KEYS = (*EXECUTION_KEYS, "param_dtype", "scan_layers", "hidden_dropout_prob",
                  "attention_probs_dropout_prob", "pooler")
-# The checkpoint tasks each trainer model starts from (see trainer_tree): any encoder for the MLM objectives; for
+# The checkpoint heads each trainer model starts from (see trainer_tree): any encoder for the MLM objectives; for
 # ELECTRA's rtd a generator + discriminator pair, or a discriminator whose generator then starts random.
 STARTS_FROM = {"pretraining": ("pretraining", "masked_lm", "discriminator", "backbone"),
                "masked_lm": ("pretraining", "masked_lm", "discriminator", "backbone"),
@@ -69,11 +69,11 @@ def resolve(config: ml_collections.ConfigDict) -> tuple[ml_collections.ConfigDic
 
 def check_starts_from(config: ml_collections.ConfigDict, pretrained: Pretrained) -> None:
     """The checkpoint is of the config's family and holds what the objective's model is built around."""
-    family, have = pretrained.config.family, pretrained.task
+    family, have = pretrained.config.family, pretrained.head
     if family != config.model.family:
         raise InitFromError(f"the config is a {config.model.family} config (configs/{config.model.family}.py) but "
                             f"config.init_from={config.init_from} is a {family} checkpoint: use configs/{family}.py")
-    want = TASK_OF_OBJECTIVE[config.objective]
+    want = modeling.HEAD_OF_OBJECTIVE[config.objective]
     if have not in STARTS_FROM[want]:
         hint = (": pass the discriminator (an ElectraForPreTraining folder) or a folder with discriminator/ and "
                 "generator/" if have == "generator" else "")
@@ -87,7 +87,7 @@ def checkpoint_model(config: ml_collections.ConfigDict, pretrained: Pretrained) 
     when it holds a generator, else the config's (that generator starts random)."""
     model = ml_collections.ConfigDict(pretrained.config.to_dict())
     model.update({key: config.model[key] for key in TRAINING_KEYS})
-    if config.objective == "rtd" and pretrained.task != "both":
+    if config.objective == "rtd" and pretrained.head != "both":
         model.generator = ml_collections.ConfigDict(config.model.generator.to_dict())
     return model
 
@@ -125,11 +125,11 @@ def check_vocabulary(config: ml_collections.ConfigDict) -> None:
 def check_seq_length(config: ml_collections.ConfigDict) -> None:
     """The training sequences must fit the checkpoint's position table."""
     positions = max_tokens(config.model)
+    offset = " (they start after pad_token_id + 1)" if families.of(config.model).position_offset else ""
     if config.data.seq_length > positions:
         raise InitFromError(f"config.data.seq_length={config.data.seq_length} is longer than the {positions} "
                             f"positions of config.init_from={config.init_from}"
-                            + (" (RoBERTa's start after pad_token_id + 1)" if config.model.family == "roberta" else "")
-                            + f"; set config.data.seq_length <= {positions}")
+                            + offset + f"; set config.data.seq_length <= {positions}")
 
 
 def parameter_paths(config: ml_collections.ConfigDict) -> list[str]:
@@ -172,7 +172,7 @@ def initial_params(params, pretrained: Pretrained, config: ml_collections.Config
     absent = [path for path in target if path not in source and path not in kept_random]
     initialized = [f"{describe(absent, target)} (not in the checkpoint)"] if absent else []
     initialized += [f"{describe(excluded, target)} (init_exclude)"] if excluded else []
-    report = (f"init_from {config.init_from} ({pretrained.config.family} {pretrained.task}): loaded "
+    report = (f"init_from {config.init_from} ({pretrained.config.family} {pretrained.head}): loaded "
               f"{describe(loaded, target)} ({len(loaded)} tensors); initialized {', '.join(initialized) or 'nothing'}"
               f"; unused from the checkpoint: {describe([p for p in source if p not in target], source)}")
     return traverse_util.unflatten_dict(merged, sep="/"), report
@@ -181,14 +181,14 @@ def initial_params(params, pretrained: Pretrained, config: ml_collections.Config
 def checkpoint_leaves(pretrained: Pretrained, config: ml_collections.ConfigDict) -> dict[str, np.ndarray]:
     """The checkpoint's tensors by '/'-joined path in the trainer's model and layout (stacked layers with
     scan_layers), on the host."""
-    tree = trainer_tree(host_params(pretrained), pretrained.task, TASK_OF_OBJECTIVE[config.objective])
+    tree = trainer_tree(host_params(pretrained), pretrained.head, modeling.HEAD_OF_OBJECTIVE[config.objective])
     with jax.default_device(jax.devices("cpu")[0]):  # to_model_layout stacks layers with jnp
         tree = jax.device_get(to_model_layout(tree, config.model))
     return traverse_util.flatten_dict(tree, sep="/")
 
 
 def trainer_tree(params: dict, have: str, want: str) -> dict:
-    """A checkpoint's params (task `have`) named as in the trainer's model (task `want`); what that model lacks
+    """A checkpoint's params (head `have`) named as in the trainer's model (head `want`); what that model lacks
     keeps its own name, and is reported unused. ELECTRA's discriminator backbone splits into the embeddings the
     generator shares and the discriminator's encoder (the inverse of state_dict.electra_parts)."""
     if have == "backbone":

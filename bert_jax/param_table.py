@@ -10,16 +10,9 @@ from __future__ import annotations
 import json
 import sys
 
-from bert_jax import config_lib, modeling
+from bert_jax import config_lib, families, modeling
 from bert_jax.config_lib import generator_config
 
-# Parameter counts the papers report (BERT, RoBERTa, ALBERT Table 1, ELECTRA Table 1/8), in millions.
-PAPER_MILLIONS = {
-    ("bert", "base"): 110, ("bert", "large"): 340,
-    ("roberta", "base"): 125, ("roberta", "large"): 355,
-    ("albert", "base"): 12, ("albert", "large"): 18, ("albert", "xlarge"): 60, ("albert", "xxlarge"): 235,
-    ("electra", "small"): 14, ("electra", "base"): 110, ("electra", "large"): 335,
-}
 # The seed's Table 2.1, in units of 10^8 parameters.
 SEED_1E8 = {
     ("bert", "base"): 1.1, ("bert", "large"): 3.4,
@@ -39,7 +32,7 @@ ALBERT_EMBEDDING = dict(vocab=30000, hidden=768, embedding=128)
 
 
 def backbone_params(model_config) -> int:
-    return modeling.count_params(modeling.abstract_params(modeling.EncoderModel(model_config)), model_config)
+    return modeling.count_params(modeling.abstract_params(modeling.backbone(model_config)), model_config)
 
 
 def electra_generator_params(model_config) -> int:
@@ -53,11 +46,11 @@ def electra_generator_params(model_config) -> int:
 def rows() -> list[dict]:
     """One row per preset: architecture, counted parameters, the paper's and the seed's figures."""
     table = []
-    for family in config_lib.FAMILIES:
-        for size in config_lib.preset_sizes(family):
+    for family in families.names():
+        for size in families.get(family).sizes:
             model = config_lib.load_preset(family, size).model
             params = backbone_params(model)
-            paper = PAPER_MILLIONS.get((family, size))
+            paper = families.get(family).paper_params_millions.get(size)
             seed = SEED_1E8.get((family, size))
             row = dict(family=family, size=size, layers=model.num_hidden_layers, hidden=model.hidden_size,
                        heads=model.num_attention_heads, embedding=model.embedding_size, params=params,
@@ -65,7 +58,7 @@ def rows() -> list[dict]:
                        seed_params=round(seed * 10**8) if seed else None,
                        vs_paper=round(params / (paper * 10**6) - 1, 4) if paper else None,
                        note=NOTES.get((family, size), ""))
-            if family == "electra":
+            if families.get(family).has_generator:
                 row["generator_params"] = electra_generator_params(model)
                 row["note"] = "; ".join(filter(None, [row["note"], electra_seed_note(row)]))
             table.append(row)

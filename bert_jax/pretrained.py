@@ -1,14 +1,14 @@
 """`load_pretrained` and `save_pretrained`: one object for notebooks over HF, original TF1 and bert_jax checkpoints.
 
-Every source becomes (model config, task, params): HF and TF1 files through the tables in `state_dict` and
-`tf_checkpoint`, bert_jax workdirs through Orbax. A task names which model the params fill:
+Every source becomes (model config, head, params): HF and TF1 files through the tables in `state_dict` and
+`tf_checkpoint`, bert_jax workdirs through Orbax. A head names which model the params fill:
   backbone       EncoderModel                       (any checkpoint's encoder)
   pretraining    PreTrainingModel, MLM + NSP/SOP    (BERT, ALBERT)
   masked_lm      PreTrainingModel, MLM only         (BERT, RoBERTa, ALBERT)
   discriminator  ElectraDiscriminator
   generator      ELECTRA's generator, a PreTrainingModel with the generator's config
   both           Electra: generator and discriminator sharing their embeddings
-A checkpoint holds one task and can be loaded as any task inside it (e.g. a BertForPreTraining file as backbone).
+A checkpoint holds one head and can be loaded as any head inside it (e.g. a BertForPreTraining file as backbone).
 
 The bert_jax format is the trainer's workdir: config.json (model architecture under "model", objective under
 "objective") and an Orbax CheckpointManager directory checkpoints/<step>/ whose item "params" is the params pytree.
@@ -31,19 +31,19 @@ import safetensors
 import safetensors.numpy
 from flax import linen as nn
 
-from bert_jax import checkpoints, config_lib, modeling, sharding, state_dict, storage, tf_checkpoint
+from bert_jax import checkpoints, config_lib, families, modeling, sharding, state_dict, storage, tf_checkpoint
 from bert_jax.errors import UserError
+from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import tokenizers as tokenizer_lib
 from bert_jax.modeling.transformer import pad_vocab, to_unscanned_layout
 from bert_jax.state_dict import LoadError
+from bert_jax.workdir import CHECKPOINT_DIR, CONFIG_FILE
 
 LENGTH_BUCKET = 32  # tokenize() pads batches to a multiple of this many tokens
-TASKS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator", "both")
-# The tasks a checkpoint of each task also holds.
-SUBTASKS = {"both": ("discriminator", "generator", "backbone"), "pretraining": ("masked_lm", "backbone"),
-            "masked_lm": ("backbone",), "discriminator": ("backbone",), "generator": ("backbone",), "backbone": ()}
-# What the trainer builds for each objective (see modeling.pretraining_model).
-TASK_OF_OBJECTIVE = {"mlm_nsp": "pretraining", "mlm_sop": "pretraining", "mlm": "masked_lm", "rtd": "both"}
+# The heads a checkpoint with each head also holds.
+CONTAINED_HEADS = {"both": ("discriminator", "generator", "backbone"), "pretraining": ("masked_lm", "backbone"),
+                   "masked_lm": ("backbone",), "discriminator": ("backbone",), "generator": ("backbone",),
+                   "backbone": ()}
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt")
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
@@ -53,47 +53,35 @@ class OutputExistsError(UserError, FileExistsError):
     """save_pretrained's output folder already holds files; nothing was written."""
 
 
-def head_of(task: str) -> str:
-    """The state_dict head whose parameter layout a task has."""
-    return {"generator": "masked_lm", "both": "electra"}.get(task, task)
-
-
-def task_of(family: str, head: str) -> str:
-    """The inverse of head_of: ELECTRA's masked-LM model is its generator."""
-    if family == "electra":
-        return {"masked_lm": "generator", "electra": "both"}.get(head, head)
-    return head
-
-
 @dataclasses.dataclass
 class Pretrained:
-    """A loaded checkpoint: `params` fill `model` (built from `config` for `task`); `tokenizer` may be None.
+    """A loaded checkpoint: `params` fill `model` (built from `config` for `head`); `tokenizer` may be None.
 
     `params` and `model` have the padded vocabulary (see modeling.transformer.padded_vocab_size); what this hands
     to users (fill_mask's predictions, HF exports) has config.vocab_size entries."""
 
     config: ml_collections.ConfigDict
-    task: str
+    head: str
     params: dict
     tokenizer: tokenizer_lib.Tokenizer | None = None
 
     @functools.cached_property
     def model(self) -> nn.Module:
-        return state_dict.model_for_head(self.config, head_of(self.task))
+        return modeling.model_for_head(self.config, self.head)
 
     def backbone_params(self) -> dict:
-        return narrow(self.params, self.config, self.task, "backbone")[0]
+        return narrow(self.params, self.config, self.head, "backbone")[0]
 
     @functools.cached_property
     def _encode_fn(self):
-        encoder = modeling.EncoderModel(self.config)
+        encoder = modeling.backbone(self.config)
         return jax.jit(lambda params, ids, mask, types: encoder.apply({"params": params}, ids, mask, types))
 
     @functools.cached_property
     def _mlm_logits_fn(self):
         """[B, S, vocab_size] MLM logits: the model's padded vocabulary columns cut off, as users see them."""
         vocab = self.config.vocab_size
-        if self.task == "both":
+        if self.head == "both":
             return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs,
                                                                method="generator_logits")[..., :vocab])
         return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs)["mlm_logits"][..., :vocab])
@@ -153,8 +141,8 @@ class Pretrained:
 
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
         """For each mask token in `text` (e.g. "[MASK]", "<mask>"), the top_k (token, probability) predictions."""
-        if self.task not in ("pretraining", "masked_lm", "generator", "both"):
-            raise LoadError(f"fill_mask needs a masked-LM head; this is a {self.task!r} model (load a pretraining, "
+        if self.head not in ("pretraining", "masked_lm", "generator", "both"):
+            raise LoadError(f"fill_mask needs a masked-LM head; this is a {self.head!r} model (load a pretraining, "
                             "masked_lm or ELECTRA generator checkpoint)")
         tokenizer = self._require_tokenizer()
         mask_token = tokenizer.id_to_token(tokenizer.special.mask)
@@ -171,16 +159,16 @@ class Pretrained:
 
 def max_tokens(config: ml_collections.ConfigDict) -> int:
     """The longest input a model's position table takes: RoBERTa's positions start after pad_token_id."""
-    return config.max_position_embeddings - (config.pad_token_id + 1 if config.family == "roberta" else 0)
+    return config.max_position_embeddings - (config.pad_token_id + 1 if families.of(config).position_offset else 0)
 
 
 def narrow(params, config, have: str, want: str):
-    """(params, config) of task `want` inside a checkpoint of task `have`."""
+    """(params, config) of head `want` inside a checkpoint of head `have`."""
     if want == have:
         return params, config
-    if want not in SUBTASKS[have]:
-        raise LoadError(f"this checkpoint holds a {have!r} model, which does not contain task={want!r}; "
-                        f"it loads as {(have,) + SUBTASKS[have]}")
+    if want not in CONTAINED_HEADS[have]:
+        raise LoadError(f"this checkpoint holds a {have!r} model, which does not contain head={want!r}; "
+                        f"it loads as {(have,) + CONTAINED_HEADS[have]}")
     if have == "both":
         part = "generator" if want == "generator" else "discriminator"
         part_config = config_lib.generator_config(config) if part == "generator" else config
@@ -206,26 +194,26 @@ def abstract_target(model: nn.Module, mesh=None):
 # ----------------------------------------------------------------------------------------------------------- load
 
 
-def load_pretrained(path, task: str | None = None, mesh=None) -> Pretrained:
+def load_pretrained(path, head: str | None = None, mesh=None) -> Pretrained:
     """Load an HF model directory, an original TF1 checkpoint directory, or a bert_jax workdir (or one of its
-    checkpoints/<step>). `task` picks a model inside the checkpoint (default: everything it holds); with `mesh`
+    checkpoints/<step>). `head` picks a model inside the checkpoint (default: everything it holds); with `mesh`
     the params are sharded over it by the logical-axis rules, else they sit on the CPU."""
     path = storage.as_path(path)
     path = path if storage.is_remote(path) else path.absolute()  # Orbax takes absolute local paths only
     storage.check_bucket(path)
     if not path.exists() and not tf_checkpoint.index_file(path).exists():
         raise LoadError(f"{path} does not exist")
-    if task is not None and task not in TASKS:
-        raise LoadError(f"task={task!r}; choose one of {TASKS}")
+    if head is not None and head not in modeling.HEADS:
+        raise LoadError(f"head={head!r}; choose one of {modeling.HEADS}")
     config, have, params, tokenizer = read_checkpoint(path, mesh)
-    params, config = narrow(params, config, have, task or have)
-    model = state_dict.model_for_head(config, head_of(task or have))
+    params, config = narrow(params, config, have, head or have)
+    model = modeling.model_for_head(config, head or have)
     params = jax.device_put(params, jax.tree.map(lambda leaf: leaf.sharding, abstract_target(model, mesh)))
-    return Pretrained(config=config, task=task or have, params=params, tokenizer=tokenizer)
+    return Pretrained(config=config, head=head or have, params=params, tokenizer=tokenizer)
 
 
 def read_checkpoint(path: storage.Path, mesh=None):
-    """(model config, task, params, tokenizer) of whatever checkpoint `path` is."""
+    """(model config, head, params, tokenizer) of whatever checkpoint `path` is."""
     workdir, step = _workdir_and_step(path)
     if workdir is not None:
         return (*read_workdir(workdir, step, mesh), find_tokenizer(workdir, _workdir_tokenizer(workdir)))
@@ -233,10 +221,10 @@ def read_checkpoint(path: storage.Path, mesh=None):
     if directories:
         configs = {name: _read_json(d / "config.json") for name, d in directories.items()}
         states = {name: read_hf_weights(d) for name, d in directories.items()}
-        config, task, params = from_hf(configs, states)
+        config, head, params = from_hf(configs, states)
         first = next(iter(directories.values()))
-        check_position_numbering(config, task, params, first / "config.json")
-        return config, task, params, find_tokenizer(first)
+        check_position_numbering(config, head, params, first / "config.json")
+        return config, head, params, find_tokenizer(first)
     if tf_checkpoint.index_file(path).exists() or list(path.glob("*.index")) or (path / "checkpoint").exists():
         return (*from_hf(*tf_checkpoint.read(path)), find_tokenizer(path if path.is_dir() else path.parent))
     raise LoadError(f"{path}: not a checkpoint. Expected an HF directory (config.json + {' or '.join(HF_WEIGHTS)}), "
@@ -253,27 +241,27 @@ def _hf_directories(path: storage.Path) -> dict[str, storage.Path]:
 
 
 def from_hf(configs: dict[str, dict], states: dict[str, dict]):
-    """(config, task, numpy params) from HF config and state dicts keyed "model", or "discriminator" and
+    """(config, head, numpy params) from HF config and state dicts keyed "model", or "discriminator" and
     "generator" for a joint ELECTRA checkpoint."""
     if "model" in states:
         state = states["model"]
         config = state_dict.config_from_hf(configs["model"], pooler=state_dict.has_pooler(state))
         head = state_dict.detect_head(state, config.family)
-        return config, task_of(config.family, head), state_dict.params_from_hf(state, config, head)
+        return config, head, state_dict.params_from_hf(state, config, head)
     config = state_dict.config_from_hf(configs["discriminator"], pooler=False)
     generator = state_dict.config_from_hf(configs["generator"], pooler=False)
     config.generator.update({key: generator[key] for key in config.generator})
     return config, "both", state_dict.electra_params_from_hf(states["discriminator"], states["generator"], config)
 
 
-def check_position_numbering(config, task: str, params, config_file: storage.Path) -> None:
+def check_position_numbering(config, head: str, params, config_file: storage.Path) -> None:
     """Refuse a config.json that says roberta over weights numbering positions from 0 (BERT's, e.g. MiniLM saved
     without its 'bert.' prefix): they would load with every position shifted by pad_token_id + 1, silently. RoBERTa
     never trains row pad_token_id of its position table (padding only: HF and fairseq keep it at zero, bert_jax near
     its initial scale), so that row standing well above the others is a trained position of another family."""
-    if config.family != "roberta":
+    if not families.of(config).position_offset:
         return
-    table = narrow(params, config, task, "backbone")[0]["embeddings"]["position_embeddings"]["embedding"]
+    table = narrow(params, config, head, "backbone")[0]["embeddings"]["position_embeddings"]["embedding"]
     norms = np.linalg.norm(np.asarray(table, np.float32), axis=-1)
     pad = config.pad_token_id
     padding_row, typical_row = float(norms[pad]), float(np.median(norms[pad + 1:]))
@@ -321,46 +309,47 @@ def _read_json(file: storage.Path) -> dict:
 
 def _workdir_and_step(path: storage.Path) -> tuple[storage.Path | None, int | None]:
     """A bert_jax workdir given as itself, its checkpoints/ folder or one checkpoints/<step>/ (None if not one)."""
-    if path.name.isdigit() and path.parent.name == "checkpoints":
+    if path.name.isdigit() and path.parent.name == CHECKPOINT_DIR:
         workdir, step = path.parent.parent, int(path.name)
     else:
-        workdir, step = (path.parent if path.name == "checkpoints" else path), None
-    config_file = workdir / "config.json"
+        workdir, step = (path.parent if path.name == CHECKPOINT_DIR else path), None
+    config_file = workdir / CONFIG_FILE
     if config_file.exists() and "model" in _read_json(config_file):
         return workdir, step
     return None, None
 
 
 def _workdir_config(workdir: storage.Path):
-    """(model config, task) from a workdir's config.json."""
-    saved = _read_json(workdir / "config.json")
+    """(model config, head) from a workdir's config.json."""
+    saved = _read_json(workdir / CONFIG_FILE)
     config = config_lib.model_config(**saved["model"])
     config_lib.validate_model_config(config)
-    task = saved.get("task") or TASK_OF_OBJECTIVE.get(saved.get("objective"))
-    if task not in TASKS:
-        raise LoadError(f"{workdir / 'config.json'}: objective={saved.get('objective')!r} is not one of "
-                        f"{tuple(TASK_OF_OBJECTIVE)} and no task is given")
-    return config, task_of(config.family, head_of(task))
+    # Exports written before "head" was the one word for it call it "task".
+    head = saved.get("head") or saved.get("task") or modeling.objective_head(saved.get("objective"), config)
+    if head not in modeling.HEADS:
+        raise LoadError(f"{workdir / CONFIG_FILE}: objective={saved.get('objective')!r} is not one of "
+                        f"{tuple(modeling.HEAD_OF_OBJECTIVE)} and no head is given")
+    return config, head
 
 
 def read_workdir(workdir: storage.Path, step: int | None, mesh=None):
-    """(config, task, params) restored from the latest (or given) step, straight onto the wanted shardings."""
+    """(config, head, params) restored from the latest (or given) step, straight onto the wanted shardings."""
     import orbax.checkpoint as ocp
 
-    config, task = _workdir_config(workdir)
+    config, head = _workdir_config(workdir)
     handlers = {"params": ocp.StandardCheckpointHandler()}  # the train_state item is left alone
-    with ocp.CheckpointManager(workdir / "checkpoints", item_names=("params", "train_state"),
+    with ocp.CheckpointManager(workdir / CHECKPOINT_DIR, item_names=("params", "train_state"),
                                item_handlers=handlers) as manager:
         steps = sorted(manager.all_steps())
         if not steps:
-            raise LoadError(f"{workdir / 'checkpoints'}: no checkpoint saved yet")
+            raise LoadError(f"{workdir / CHECKPOINT_DIR}: no checkpoint saved yet")
         step = steps[-1] if step is None else step
-        folder = workdir / "checkpoints" / str(step)
+        folder = workdir / CHECKPOINT_DIR / str(step)
         with _read_errors_named(folder, step, steps):
             stored = manager.item_metadata(step)["params"]
             if stored is None:
                 raise FileNotFoundError(f"{folder / 'params'}: no parameter metadata")
-        target = abstract_target(state_dict.model_for_head(config, head_of(task)), mesh)
+        target = abstract_target(modeling.model_for_head(config, head), mesh)
         target = checkpoints.unpadded_vocab_target(target, checkpoints.stored_vocab_rows(stored.tree))
         try:  # compare the stored shapes first, for an error that names the parameters
             state_dict.check_shapes(stored.tree, target)
@@ -368,7 +357,7 @@ def read_workdir(workdir: storage.Path, step: int | None, mesh=None):
             raise LoadError(f"{folder}: params do not match config.json: {e}") from e
         with _read_errors_named(folder, step, steps):
             restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
-    return config, task, pad_vocab(restored["params"], config)
+    return config, head, pad_vocab(restored["params"], config)
 
 
 @contextlib.contextmanager
@@ -387,16 +376,13 @@ def _read_errors_named(folder: storage.Path, step: int, steps: list[int]):
 
 def _workdir_tokenizer(workdir: storage.Path) -> tokenizer_lib.Tokenizer | None:
     """The tokenizer a training config names (config.data.tokenizer_kind/tokenizer_path), if it exists here."""
-    data = _read_json(workdir / "config.json").get("data") or {}
+    data = _read_json(workdir / CONFIG_FILE).get("data") or {}
     if not data.get("tokenizer_path"):
         return None
-    named = storage.as_path(data["tokenizer_path"])
-    # Presets name repository files relative to the repository root, where training runs.
-    in_repository = () if named.is_absolute() else (storage.as_path(config_lib.CONFIG_DIR.parent / named),)
-    for path in (named, *in_repository):
-        if path.exists():
-            return tokenizer_lib.load_tokenizer(data["tokenizer_kind"], path, data.get("lowercase", True))
-    return None
+    path = input_config.resolve_path(data["tokenizer_path"])  # presets name files of the repository
+    if not path.exists():
+        return None
+    return tokenizer_lib.load_tokenizer(data["tokenizer_kind"], path, data.get("lowercase", True))
 
 
 def find_tokenizer(directory: storage.Path, found: tokenizer_lib.Tokenizer | None = None):
@@ -464,15 +450,15 @@ def host_params(obj: Pretrained) -> dict:
 
 def write_hf(obj: Pretrained, directory: storage.Path) -> None:
     params = host_params(obj)
-    if obj.task == "both":
+    if obj.head == "both":
         states = state_dict.electra_params_to_hf(params, obj.config)
         configs = {"discriminator": obj.config, "generator": config_lib.generator_config(obj.config)}
-        heads = {"discriminator": "discriminator", "generator": "masked_lm"}
+        heads = {"discriminator": "discriminator", "generator": "generator"}
         for part in ("discriminator", "generator"):
             _write_hf_model(directory / part, state_dict.config_to_hf(configs[part], heads[part]), states[part],
                             obj.tokenizer)
         return
-    head = head_of(obj.task)
+    head = obj.head
     hf_base = "" if head == "backbone" else None  # HF's base models (BertModel, ...) save without a prefix
     _write_hf_model(directory, state_dict.config_to_hf(obj.config, head),
                     state_dict.params_to_hf(params, obj.config, head, hf_base), obj.tokenizer)
@@ -489,11 +475,11 @@ def write_bert_jax(obj: Pretrained, directory: storage.Path, step: int) -> None:
     """The trainer's workdir layout, with only the "params" item (a conversion has no optimizer state)."""
     import orbax.checkpoint as ocp
 
-    objective = {"pretraining": "mlm_sop" if obj.config.family == "albert" else "mlm_nsp", "masked_lm": "mlm",
-                 "generator": "mlm", "both": "rtd"}.get(obj.task)
-    saved = {"model": obj.config.to_dict(), "objective": objective, "task": obj.task}
-    (directory / "config.json").write_text(json.dumps(saved, indent=2) + "\n")
-    with ocp.CheckpointManager(directory / "checkpoints") as manager:
+    objective = {"pretraining": families.of(obj.config).objective, "masked_lm": "mlm", "generator": "mlm",
+                 "both": "rtd"}.get(obj.head)
+    saved = {"model": obj.config.to_dict(), "objective": objective, "head": obj.head}
+    (directory / CONFIG_FILE).write_text(json.dumps(saved, indent=2) + "\n")
+    with ocp.CheckpointManager(directory / CHECKPOINT_DIR) as manager:
         manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(obj.params)))
         manager.wait_until_finished()
     copy_tokenizer(obj.tokenizer, directory)

@@ -4,12 +4,13 @@ One table of (HF module name, bert_jax module path, kind) per family and head sa
 says how its layout changes (PyTorch Linear stores [out, in]; attention kernels here are [in, heads, head_dim]).
 Import and export read the same table, so they cannot drift apart.
 
-Heads (what sits on top of the backbone, and the HF class that matches):
-  backbone       BertModel / RobertaModel / AlbertModel / ElectraModel      -> EncoderModel params
+Heads (modeling.HEADS; the HF class that matches is in each family's file, families.HfNames.architectures):
+  backbone       BertModel / RobertaModel / AlbertModel / ElectraModel      -> the backbone's params
   pretraining    BertForPreTraining / AlbertForPreTraining                  -> PreTrainingModel(sentence_head=True)
-  masked_lm      Bert/RobertaForMaskedLM, ElectraForMaskedLM (generator)    -> PreTrainingModel(sentence_head=False)
+  masked_lm      Bert/Roberta/AlbertForMaskedLM                             -> PreTrainingModel(sentence_head=False)
+  generator      ElectraForMaskedLM                                         -> PreTrainingModel(sentence_head=False)
   discriminator  ElectraForPreTraining                                      -> ElectraDiscriminator
-  electra        ElectraForPreTraining + ElectraForMaskedLM (two files)     -> Electra (generator and discriminator)
+  both           ElectraForPreTraining + ElectraForMaskedLM (two files)     -> Electra (generator and discriminator)
 """
 from __future__ import annotations
 
@@ -19,11 +20,10 @@ import numpy as np
 from flax import linen as nn
 from flax import traverse_util
 
-from bert_jax import config_lib, modeling
+from bert_jax import config_lib, families, modeling
 from bert_jax.errors import UserError
-from bert_jax.modeling.transformer import pad_vocab, unpad_vocab
+from bert_jax.modeling.transformer import has_embedding_projection, pad_vocab, unpad_vocab
 
-BASE_PREFIX = {"bert": "bert", "roberta": "roberta", "albert": "albert", "electra": "electra"}
 # Tensors HF keeps tied to others (or as buffers); present in some files, absent in others, never information.
 DERIVED_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids", "predictions.decoder.weight",
                     "predictions.decoder.bias", "lm_head.decoder.weight", "lm_head.decoder.bias",
@@ -48,78 +48,59 @@ class LoadError(UserError, ValueError):
     step) and what would work. Defined here, below pretrained and tf_checkpoint, so that both can raise it."""
 
 
-def _layer_modules(family: str, hf_layer: str, ours: str) -> list[tuple[str, str, str]]:
-    """The modules of one transformer layer, in HF's BERT-style or ALBERT-style naming."""
-    if family == "albert":
-        names = {"query": "attention.query", "key": "attention.key", "value": "attention.value",
-                 "attention_output": "attention.dense", "attention_norm": "attention.LayerNorm",
-                 "intermediate": "ffn", "output": "ffn_output", "output_norm": "full_layer_layer_norm"}
-    else:
-        names = {"query": "attention.self.query", "key": "attention.self.key", "value": "attention.self.value",
-                 "attention_output": "attention.output.dense", "attention_norm": "attention.output.LayerNorm",
-                 "intermediate": "intermediate.dense", "output": "output.dense", "output_norm": "output.LayerNorm"}
-    kinds = {"query": "qkv", "key": "qkv", "value": "qkv", "attention_output": "attention_output",
-             "attention_norm": "layer_norm", "intermediate": "linear", "output": "linear", "output_norm": "layer_norm"}
-    return [(f"{hf_layer}.{names[m]}", f"{ours}/{m}", kinds[m]) for m in names]
-
-
 def backbone_modules(model: config_lib.ml_collections.ConfigDict, hf_base: str, ours: str) -> list:
     """(HF module, bert_jax module path, kind) for embeddings, projection, layers and pooler."""
+    hf = families.of(model).hf
     join = lambda *parts: ".".join(p for p in parts if p)
     root = f"{ours}/" if ours else ""
     modules = [(join(hf_base, f"embeddings.{n}_embeddings"), f"{root}embeddings/{n}_embeddings", "embedding")
                for n in ("word", "position", "token_type")]
     modules.append((join(hf_base, "embeddings.LayerNorm"), f"{root}embeddings/norm", "layer_norm"))
-    if model.family == "albert":
-        modules.append((join(hf_base, "encoder.embedding_hidden_mapping_in"), f"{root}embedding_projection", "linear"))
-        for group in range(model.num_hidden_groups):
-            modules += _layer_modules("albert", join(hf_base, f"encoder.albert_layer_groups.{group}.albert_layers.0"),
-                                      f"{root}encoder/layer_{group}")
-    else:
-        if model.embedding_size != model.hidden_size:
-            modules.append((join(hf_base, "embeddings_project"), f"{root}embedding_projection", "linear"))
-        for layer in range(model.num_hidden_layers):
-            modules += _layer_modules(model.family, join(hf_base, f"encoder.layer.{layer}"),
-                                      f"{root}encoder/layer_{layer}")
+    if has_embedding_projection(model):
+        modules.append((join(hf_base, hf.embedding_projection), f"{root}embedding_projection", "linear"))
+    for index in range(model.num_hidden_groups):  # one per layer unless layers are shared (ALBERT)
+        layer = join(hf_base, hf.layer.format(index=index))
+        modules += [(f"{layer}.{name}", f"{root}encoder/layer_{index}/{module}", LAYER_KINDS[module])
+                    for module, name in hf.layer_modules.items()]
     if model.pooler:
-        pooler = "pooler" if model.family == "albert" else "pooler.dense"
-        modules.append((join(hf_base, pooler), f"{root}pooler", "linear"))
+        modules.append((join(hf_base, hf.pooler), f"{root}pooler", "linear"))
     return modules
 
 
-MLM_MODULES = {  # transform dense, transform LayerNorm, output bias
-    "bert": ("cls.predictions.transform.dense", "cls.predictions.transform.LayerNorm", "cls.predictions.bias"),
-    "roberta": ("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
-    "albert": ("predictions.dense", "predictions.LayerNorm", "predictions.bias"),
-    "electra": ("generator_predictions.dense", "generator_predictions.LayerNorm", "generator_lm_head.bias"),
-}
-SENTENCE_PAIR_MODULE = {"bert": "cls.seq_relationship", "albert": "sop_classifier.classifier"}
+LAYER_KINDS = {"query": "qkv", "key": "qkv", "value": "qkv", "attention_output": "attention_output",
+               "attention_norm": "layer_norm", "intermediate": "linear", "output": "linear",
+               "output_norm": "layer_norm"}
 
 
 def available_heads(family: str) -> tuple[str, ...]:
-    extra = ("pretraining",) if family in SENTENCE_PAIR_MODULE else ("discriminator",) if family == "electra" else ()
-    return ("backbone", "masked_lm") + extra
+    """The heads whose tensors a family's HF files hold (ELECTRA's masked_lm is its generator's file)."""
+    return tuple(head for head in families.get(family).heads if head in ARCHITECTURE_HEADS)
 
 
 def head_modules(family: str, head: str) -> list:
     """(HF module, bert_jax module path, kind) for the head on top of the backbone."""
     if head not in available_heads(family):
         raise ConversionError(f"{family} has no {head!r} head; choose one of {available_heads(family)}")
+    hf = families.get(family).hf
     if head == "backbone":
         return []
     if head == "discriminator":
-        return [("discriminator_predictions.dense", "discriminator_head/dense", "linear"),
-                ("discriminator_predictions.dense_prediction", "discriminator_head/prediction", "linear")]
-    transform, norm, bias = MLM_MODULES[family]
+        dense, prediction = hf.discriminator
+        return [(dense, "discriminator_head/dense", "linear"), (prediction, "discriminator_head/prediction", "linear")]
+    transform, norm, bias = hf.mlm
     mlm = [(transform, "mlm_head/transform", "linear"), (norm, "mlm_head/norm", "layer_norm"),
            (bias, "mlm_head", "vector")]
     if head == "pretraining":
-        return mlm + [(SENTENCE_PAIR_MODULE[family], "sentence_pair_head/classifier", "linear")]
-    return mlm
+        return mlm + [(hf.sentence_pair, "sentence_pair_head/classifier", "linear")]
+    return mlm  # masked_lm, and ELECTRA's generator
 
 
 def tensor_pairs(model, head: str, hf_base: str) -> Iterator[tuple[str, str, str]]:
     """Every (HF tensor name, bert_jax parameter path, kind) of a model with this head."""
+    custom = families.of(model).hf_conversion
+    if custom is not None:
+        yield from custom.tensor_pairs(model, head, hf_base)
+        return
     ours = "" if head == "backbone" else "backbone"
     for hf_module, our_module, kind in backbone_modules(model, hf_base, ours) + head_modules(model.family, head):
         for hf_param, our_param in KIND_PARAMS[kind]:
@@ -128,6 +109,9 @@ def tensor_pairs(model, head: str, hf_base: str) -> Iterator[tuple[str, str, str
 
 
 def _to_ours(array: np.ndarray, kind: str, model) -> np.ndarray:
+    custom = families.of(model).hf_conversion
+    if custom is not None:
+        return custom.to_ours(array, kind, model)
     heads = model.num_attention_heads
     if kind == "linear.kernel":
         return array.T
@@ -140,7 +124,10 @@ def _to_ours(array: np.ndarray, kind: str, model) -> np.ndarray:
     return array
 
 
-def _to_hf(array: np.ndarray, kind: str) -> np.ndarray:
+def _to_hf(array: np.ndarray, kind: str, model) -> np.ndarray:
+    custom = families.of(model).hf_conversion
+    if custom is not None:
+        return custom.to_hf(array, kind, model)
     if kind == "linear.kernel":
         return array.T
     if kind == "qkv.kernel":
@@ -156,12 +143,14 @@ def detect_base_prefix(names, family: str) -> str:
     """'' for a bare backbone file (BertModel.save_pretrained), else the family's prefix; a clear error if the
     tensors belong to another family."""
     prefixes = {name.split(".", 1)[0] for name in names}
-    if BASE_PREFIX[family] in prefixes:
-        return BASE_PREFIX[family]
-    others = [f for f, p in BASE_PREFIX.items() if p in prefixes and f != family]
+    base = families.get(family).hf.base_prefix
+    if base in prefixes:
+        return base
+    others = [f for f in families.names() if f != family and families.get(f).hf.base_prefix in prefixes]
     if others:
-        raise ConversionError(f"this is a {others[0]} checkpoint (tensors start with '{BASE_PREFIX[others[0]]}.'), "
-                              f"but the config says family={family!r}; use the {others[0]} config")
+        raise ConversionError(f"this is a {others[0]} checkpoint (tensors start with "
+                              f"'{families.get(others[0]).hf.base_prefix}.'), but the config says family={family!r}; "
+                              f"use the {others[0]} config")
     return ""
 
 
@@ -179,7 +168,9 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], model, head: str):
     pairs = list(tensor_pairs(model, head, hf_base))
     expected = {hf for hf, _, _ in pairs}
     missing = expected - set(state_dict)
-    unexpected = {n for n in state_dict if n not in expected and not n.endswith(DERIVED_SUFFIXES)}
+    custom = families.of(model).hf_conversion
+    derived = DERIVED_SUFFIXES + (custom.derived_suffixes if custom else ())
+    unexpected = {n for n in state_dict if n not in expected and not n.endswith(derived)}
     if missing or unexpected:
         raise ConversionError(
             f"the checkpoint does not match a {model.family} {head} model"
@@ -189,27 +180,16 @@ def params_from_hf(state_dict: Mapping[str, np.ndarray], model, head: str):
     flat = {tuple(ours.split("/")): _to_ours(np.asarray(state_dict[hf], np.float32), kind, model)
             for hf, ours, kind in pairs}
     params = pad_vocab(traverse_util.unflatten_dict(flat), model)
-    check_shapes(params, modeling.abstract_params(model_for_head(model, head)))
+    check_shapes(params, modeling.abstract_params(modeling.model_for_head(model, head)))
     return params
-
-
-def model_for_head(model, head: str) -> nn.Module:
-    """The bert_jax module whose parameters a checkpoint with this head fills."""
-    if head == "electra":
-        return modeling.Electra(model)
-    if head == "backbone":
-        return modeling.EncoderModel(model)
-    if head == "discriminator":
-        return modeling.ElectraDiscriminator(model)
-    return modeling.PreTrainingModel(model, sentence_head=head == "pretraining")
 
 
 def params_to_hf(params, model, head: str, hf_base: str | None = None) -> dict[str, np.ndarray]:
     """The HF state dict (without tied copies) of bert_jax params in the unscanned layout; the vocabulary
     tensors cut back to vocab_size rows, as HF has them."""
     flat = traverse_util.flatten_dict(unpad_vocab(params, model), sep="/")
-    hf_base = BASE_PREFIX[model.family] if hf_base is None else hf_base
-    return {hf: np.ascontiguousarray(_to_hf(np.asarray(flat[ours], np.float32), kind))
+    hf_base = families.of(model).hf.base_prefix if hf_base is None else hf_base
+    return {hf: np.ascontiguousarray(_to_hf(np.asarray(flat[ours], np.float32), kind, model))
             for hf, ours, kind in tensor_pairs(model, head, hf_base)}
 
 
@@ -230,7 +210,7 @@ def detect_head(names, family: str) -> str:
     def holds(module: str) -> bool:
         return any(name == module or name.startswith(module + ".") for name in names)
 
-    for head in ("pretraining", "discriminator", "masked_lm"):
+    for head in ("pretraining", "discriminator", "masked_lm", "generator"):
         if head in available_heads(family) and all(holds(module) for module, _, _ in head_modules(family, head)):
             return head
     return "backbone"
@@ -258,7 +238,7 @@ def electra_params_from_hf(discriminator_state: Mapping, generator_state: Mappin
     together (the classic mix-up); that is an error naming the tensors.
     """
     discriminator = params_from_hf(discriminator_state, model, "discriminator")
-    generator = params_from_hf(generator_state, config_lib.generator_config(model), "masked_lm")
+    generator = params_from_hf(generator_state, config_lib.generator_config(model), "generator")
     disc_backbone, gen_backbone = dict(discriminator["backbone"]), dict(generator["backbone"])
     embeddings = traverse_util.flatten_dict(disc_backbone.pop("embeddings"), sep="/")
     gen_embeddings = traverse_util.flatten_dict(gen_backbone.pop("embeddings"), sep="/")
@@ -275,38 +255,29 @@ def electra_params_to_hf(params, model) -> dict[str, dict[str, np.ndarray]]:
     """{"discriminator": ElectraForPreTraining state dict, "generator": ElectraForMaskedLM state dict}."""
     parts = electra_parts(params)
     return {"discriminator": params_to_hf(parts["discriminator"], model, "discriminator"),
-            "generator": params_to_hf(parts["generator"], config_lib.generator_config(model), "masked_lm")}
+            "generator": params_to_hf(parts["generator"], config_lib.generator_config(model), "generator")}
 
 
 HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
                   "hidden_act", "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings",
                   "type_vocab_size", "layer_norm_eps", "initializer_range", "embedding_size", "num_hidden_groups",
                   "pad_token_id")
-HF_ARCHITECTURES = {
-    "backbone": {"bert": "BertModel", "roberta": "RobertaModel", "albert": "AlbertModel", "electra": "ElectraModel"},
-    "pretraining": {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining"},
-    "masked_lm": {"bert": "BertForMaskedLM", "roberta": "RobertaForMaskedLM", "albert": "AlbertForMaskedLM",
-                  "electra": "ElectraForMaskedLM"},
-    "discriminator": {"electra": "ElectraForPreTraining"},
-}
+# The heads one HF file holds (ELECTRA's "both" is two files: a discriminator and a generator).
+ARCHITECTURE_HEADS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator")
 
 
 def config_to_hf(model, head: str) -> dict:
     """The HF config.json dict of a bert_jax model config with this head (the inverse of config_from_hf)."""
-    family = model.family
-    if family in ("bert", "roberta") and model.embedding_size != model.hidden_size:
-        raise ConversionError(f"HF's {family} has no embedding projection; embedding_size={model.embedding_size} "
+    family = families.of(model)
+    if family.hf_conversion is not None:
+        return family.hf_conversion.config_to_hf(model, head)
+    if "embedding_size" in family.hf.config_drops and model.embedding_size != model.hidden_size:
+        raise ConversionError(f"HF's {family.name} has no embedding projection; embedding_size={model.embedding_size} "
                               f"must equal hidden_size={model.hidden_size} to export")
-    if head not in available_heads(family):
-        raise ConversionError(f"{family} has no {head!r} head; choose one of {available_heads(family)}")
-    hf = {key: model[key] for key in HF_CONFIG_KEYS}
-    if family != "albert":
-        del hf["num_hidden_groups"]
-    if family in ("bert", "roberta"):
-        del hf["embedding_size"]
-    if family == "albert":
-        hf["inner_group_num"] = 1
-    hf.update(model_type=family, architectures=[HF_ARCHITECTURES[head][family]],
+    if head not in available_heads(family.name):
+        raise ConversionError(f"{family.name} has no {head!r} head; choose one of {available_heads(family.name)}")
+    hf = {key: model[key] for key in HF_CONFIG_KEYS if key not in family.hf.config_drops}
+    hf.update(family.hf.config_extra, model_type=family.name, architectures=[family.hf.architectures[head]],
               position_embedding_type="absolute")
     return hf
 
@@ -314,13 +285,16 @@ def config_to_hf(model, head: str) -> dict:
 def config_from_hf(hf_config: Mapping, pooler: bool | None = None):
     """A bert_jax model config from an HF config.json dict. `pooler` defaults to whether the family has one."""
     family = hf_config.get("model_type")
-    if family not in config_lib.FAMILIES:
-        raise ConversionError(f"config.json has model_type={family!r}; bert_jax reads {config_lib.FAMILIES}")
+    if family not in families.names():
+        raise ConversionError(f"config.json has model_type={family!r}; bert_jax reads {families.names()}")
+    custom = families.get(family).hf_conversion
+    if custom is not None:
+        return config_lib.model_config(family, **custom.sizes_from_hf(hf_config))
     if hf_config.get("position_embedding_type", "absolute") != "absolute":
         raise ConversionError(f"position_embedding_type={hf_config['position_embedding_type']!r} is not supported; "
                               "only absolute position embeddings")
-    if family == "albert" and hf_config.get("inner_group_num", 1) != 1:
+    if hf_config.get("inner_group_num", 1) != 1:
         raise ConversionError("ALBERT with inner_group_num != 1 is not supported (no released model uses it)")
     sizes = {k: hf_config[k] for k in HF_CONFIG_KEYS if hf_config.get(k) is not None}
-    sizes["pooler"] = family != "electra" if pooler is None else pooler
+    sizes["pooler"] = families.get(family).hf.pooler is not None if pooler is None else pooler
     return config_lib.model_config(family, **sizes)

@@ -13,35 +13,11 @@ import re
 
 import numpy as np
 
-from bert_jax import storage
+from bert_jax import families, storage
 from bert_jax.state_dict import ConversionError, LoadError
 
 # Optimizer slots and step counters that training checkpoints carry next to the weights.
 TRAINING_STATE = re.compile(r"(/adam_[mv]|^global_step)$")
-# Family-specific rewrites, applied in order before COMMON_RULES.
-FAMILY_RULES = {
-    "bert": (
-        (r"/layer_(\d+)/", r"/layer/\1/"),
-    ),
-    "albert": (
-        (r"^bert/", "albert/"),
-        (r"/transformer/group_(\d+)/inner_group_0/", r"/albert_layer_groups/\1/albert_layers/0/"),
-        (r"/attention(_1)?/self/", "/attention/"),
-        (r"/attention(_1)?/output/dense/", "/attention/dense/"),
-        (r"/albert_layers/0/LayerNorm/", "/albert_layers/0/attention/LayerNorm/"),
-        (r"/LayerNorm_1/", "/full_layer_layer_norm/"),
-        (r"/ffn(_1)?/intermediate/dense/", "/ffn/"),
-        (r"/ffn(_1)?/intermediate/output/dense/", "/ffn_output/"),
-        (r"^albert/pooler/dense/", "albert/pooler/"),
-        (r"^cls/predictions/(transform/)?", "predictions/"),
-        (r"^cls/seq_relationship/", "sop_classifier/classifier/"),
-    ),
-    "electra": (  # the generator's encoder lives under generator/; split_electra moves it to its own state dict
-        (r"/layer_(\d+)/", r"/layer/\1/"),
-        (r"^discriminator_predictions/dense_1/", "discriminator_predictions/dense_prediction/"),
-        (r"^generator_predictions/output_bias$", "generator_lm_head/bias"),
-    ),
-}
 COMMON_RULES = (
     (r"/gamma$", "/weight"),
     (r"/beta$", "/bias"),
@@ -50,25 +26,23 @@ COMMON_RULES = (
     (r"_embeddings$", "_embeddings/weight"),
     (r"/", "."),
 )
-CONFIG_FILES = {"bert": "bert_config.json", "albert": "albert_config.json"}
 
 
 def hf_name(tf_name: str, family: str) -> str:
-    for pattern, replacement in FAMILY_RULES[family] + COMMON_RULES:
+    for pattern, replacement in families.get(family).tf1.rules + COMMON_RULES:
         tf_name = re.sub(pattern, replacement, tf_name)
     return tf_name
 
 
 def detect_family(tf_names) -> str:
-    """bert, albert or electra from the variable names (ALBERT keeps BERT's 'bert/' scope, with layer groups)."""
-    if any(name.startswith(("electra/", "generator/")) for name in tf_names):
-        return "electra"
-    if any("/transformer/group_" in name for name in tf_names):
-        return "albert"
-    if any(name.startswith("bert/") for name in tf_names):
-        return "bert"
+    """The family whose release names these variables (families.Tf1Names.marker)."""
+    released = [f for f in families.names() if families.get(f).tf1 is not None]
+    for family in released:
+        if any(re.search(families.get(family).tf1.marker, name) for name in tf_names):
+            return family
+    markers = ", ".join(f"{f}: {families.get(f).tf1.marker}" for f in released)
     raise ConversionError(f"cannot tell which model these TF variables belong to (e.g. {sorted(tf_names)[:3]}); "
-                          "expected the original bert/, albert (bert/encoder/transformer/) or electra/ names")
+                          f"expected the names of an original release ({markers})")
 
 
 def to_hf_state(tf_state: dict[str, np.ndarray], family: str) -> dict[str, np.ndarray]:
@@ -165,11 +139,11 @@ def read(path: storage.PathLike) -> tuple[dict[str, dict], dict[str, dict[str, n
                         f"missing — copy {prefix.name}.* into {prefix.parent} again") from e
     family = detect_family(shapes)
     state = to_hf_state(tf_state, family)
-    if family == "electra":
+    if not families.get(family).tf1.config_file:  # ELECTRA: no config file, sizes from the shapes
         configs, states = electra_hf_configs(shapes), split_electra(state)
         return (configs, states) if "generator" in states else ({"model": configs["discriminator"]},
                                                                  {"model": states["discriminator"]})
-    config_file = prefix.parent / CONFIG_FILES[family]
+    config_file = prefix.parent / families.get(family).tf1.config_file
     if not config_file.exists():
         raise ConversionError(f"{config_file} not found: an original {family} checkpoint directory holds its config "
                               "next to model.ckpt-*")

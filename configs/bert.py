@@ -4,13 +4,7 @@
 """
 from bert_jax import config_lib
 
-SIZES = {
-    "tiny": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=256),
-    "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072),
-    "large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096),
-}
-
 
 def get_config(size="base"):
-    model = config_lib.model_config("bert", **config_lib.select_size(SIZES, size, "bert"))
-    return config_lib.lock(config_lib.pretraining_config(model, objective="mlm_nsp", size=size))
+    """The bert preset of this size; the sizes, objective and data defaults are in bert_jax/families/bert.py."""
+    return config_lib.load_preset("bert", size)

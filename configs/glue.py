@@ -8,7 +8,7 @@ Without data_dir the task is read from TFDS glue/<task>, if it is prepared offli
 """
 from bert_jax import config_lib
 from bert_jax.tasks import glue
-from bert_jax.tasks.config import finetune_config
+from bert_jax.config_lib import finetune_config
 
 
 def get_config(task="rte"):

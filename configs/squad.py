@@ -7,7 +7,7 @@ Writes predictions.json, which `python -m bert_jax.evaluation.squad DEV.json pre
 follow BERT's run_squad.py (batch 32, learning rate 3e-5, 2 epochs, windows of 384 tokens 128 apart).
 """
 from bert_jax import config_lib
-from bert_jax.tasks.config import finetune_config
+from bert_jax.config_lib import finetune_config
 
 VERSIONS = ("v1.1", "v2.0")
 

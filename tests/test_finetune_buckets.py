@@ -80,7 +80,7 @@ def test_squad_cli_scores_files_in_a_bucket(gcs_server, bucket_dir, tmp_path):
 
 def test_similarity_reads_its_pairs_from_a_bucket(bucket_dir, init_dir):  # noqa: F811
     upload(DATA / "glue" / "STS-B" / "dev.tsv", f"{bucket_dir}/dev.tsv")
-    pretrained = load_pretrained(init_dir, task="backbone")
+    pretrained = load_pretrained(init_dir, head="backbone")
     assert (similarity.evaluate(pretrained, f"{bucket_dir}/dev.tsv", "mean")
             == similarity.evaluate(pretrained, DATA / "glue" / "STS-B" / "dev.tsv", "mean"))
 

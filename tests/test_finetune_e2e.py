@@ -101,7 +101,7 @@ def test_cutting_padding_to_length_buckets_changes_no_prediction(init_dir):
     from bert_jax.tasks import glue
     from bert_jax.tasks.text import encode_texts
 
-    pretrained = load_pretrained(init_dir, task="backbone")
+    pretrained = load_pretrained(init_dir, head="backbone")
     dev = glue.load_split(glue.get_task("stsb"), "dev", str(DATA / "glue" / "STS-B"))[0]
     features, _ = encode_texts(pretrained.tokenizer, "bert", dev.text_a, dev.text_b, 128)
     model = modeling.SequenceClassifier(pretrained.config, num_labels=1)

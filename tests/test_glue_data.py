@@ -125,7 +125,8 @@ def test_metrics_match_hand_computed_values():
     predictions, labels = [1, 1, 1, 0, 0], [1, 1, 0, 0, 1]  # tp 2, fp 1, tn 1, fn 1
     assert glue_metrics.accuracy(predictions, labels) == pytest.approx(3 / 5)
     assert glue_metrics.f1(predictions, labels) == pytest.approx(2 * 2 / (3 + 3))
-    assert glue_metrics.matthews_corrcoef(predictions, labels) == pytest.approx((2 * 1 - 1 * 1) / np.sqrt(3 * 3 * 2 * 2))
+    expected = (2 * 1 - 1 * 1) / np.sqrt(3 * 3 * 2 * 2)
+    assert glue_metrics.matthews_corrcoef(predictions, labels) == pytest.approx(expected)
     assert glue_metrics.matthews_corrcoef([1, 1], [1, 0]) == 0.0  # an empty confusion row
     # Ties share their mean rank: x ranks [1, 2.5, 2.5, 4], y ranks [1, 3, 2, 4].
     assert glue_metrics.average_ranks([1, 2, 2, 3]).tolist() == [1, 2.5, 2.5, 4]

@@ -123,7 +123,7 @@ def test_electra_generator():
     inputs = batch()
     ref = torch_outputs(hf, inputs)
     cfg = state_dict.config_from_hf(hf.config.to_dict())
-    ours = bert_jax_outputs(hf, cfg, lambda c: modeling.PreTrainingModel(c, sentence_head=False), "masked_lm", inputs)
+    ours = bert_jax_outputs(hf, cfg, lambda c: modeling.PreTrainingModel(c, sentence_head=False), "generator", inputs)
     mask = inputs["attention_mask"]
     assert_close(ours["last_hidden_state"], ref.hidden_states[-1], mask)
     assert_close(ours["mlm_logits"], ref.logits, mask)

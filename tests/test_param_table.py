@@ -7,7 +7,7 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import config_lib, param_table
+from bert_jax import config_lib, param_table, state_dict
 
 
 @pytest.fixture(scope="module")
@@ -17,25 +17,19 @@ def rows():
 
 def test_counts_match_the_papers_or_carry_a_note(rows):
     compared = [r for r in rows if r["paper_params"]]
-    assert len(compared) == 11
+    assert len(compared) == 13
     for row in compared:
         assert abs(row["vs_paper"]) <= param_table.TOLERANCE or row["note"], row
 
 
 def test_counts_equal_the_reference_implementation(rows):
-    """Every preset has exactly as many parameters as transformers' backbone with the same sizes (no allocation)."""
-    hf_classes = {"bert": (transformers.BertConfig, transformers.BertModel),
-                  "roberta": (transformers.RobertaConfig, transformers.RobertaModel),
-                  "albert": (transformers.AlbertConfig, transformers.AlbertModel),
-                  "electra": (transformers.ElectraConfig, transformers.ElectraModel)}
+    """Every preset has exactly as many parameters as transformers' backbone (BertModel, ..., ModernBertModel) of
+    the config.json the export writes (no allocation)."""
     for row in rows:
         model = config_lib.load_preset(row["family"], row["size"]).model
-        config_cls, model_cls = hf_classes[row["family"]]
-        sizes = {k: model[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                                       "intermediate_size", "max_position_embeddings", "type_vocab_size",
-                                       "embedding_size", "num_hidden_groups", "pad_token_id")}
+        hf = state_dict.config_to_hf(model, "backbone")
         with torch.device("meta"):
-            reference = model_cls(config_cls(**sizes))
+            reference = getattr(transformers, hf["architectures"][0])(transformers.AutoConfig.for_model(**hf))
         assert row["params"] == sum(p.numel() for p in reference.parameters()), row
 
 

@@ -56,7 +56,7 @@ def load(path, **kwargs):
 
 
 def assert_same_params(a: Pretrained, b: Pretrained) -> None:
-    assert (a.task, a.config.to_dict()) == (b.task, b.config.to_dict())
+    assert (a.head, a.config.to_dict()) == (b.head, b.config.to_dict())
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(a.params), jax.device_get(b.params))
 
 
@@ -105,7 +105,7 @@ def test_bert_jax_format_to_a_bucket_round_trips(tiny_hf, bucket_dir):
         "checkpoints", "config.json", "special_tokens_map.json", "tokenizer.json", "tokenizer_config.json",
         "vocab.txt"]
     assert_same_params(bert_jax.load_pretrained(f"{bucket_dir}/run"), loaded)
-    backbone = bert_jax.load_pretrained(f"{bucket_dir}/run/checkpoints/7", task="backbone")
+    backbone = bert_jax.load_pretrained(f"{bucket_dir}/run/checkpoints/7", head="backbone")
     jax.tree.map(np.testing.assert_array_equal, jax.device_get(backbone.params),
                  jax.device_get(loaded.params["backbone"]))
 
@@ -157,5 +157,5 @@ def test_bad_bucket_paths_are_named_and_nothing_is_left_behind(tiny_hf, bucket_d
         bert_jax.save_pretrained(bert_jax.load_pretrained(tiny_hf[0]), f"{bucket_dir}/taken")
     config = config_lib.model_config("bert", **dict(TINY, vocab_size=128), embedding_size=16)
     with pytest.raises(state_dict.ConversionError, match="embedding_size=16 must equal hidden_size=32"):
-        bert_jax.save_pretrained(Pretrained(config=config, task="backbone", params={}), f"{bucket_dir}/out")
+        bert_jax.save_pretrained(Pretrained(config=config, head="backbone", params={}), f"{bucket_dir}/out")
     assert [p.name for p in storage.as_path(bucket_dir).iterdir()] == ["taken"]

@@ -79,7 +79,8 @@ def test_missing_and_extra_tensors_are_named(checkpoint):
 
 def test_shape_mismatch_is_named(checkpoint):
     edit_config(checkpoint, intermediate_size=48)
-    with pytest.raises(ConversionError, match=r"layer_0/intermediate/kernel: checkpoint \(32, 64\) vs model \(32, 48\)"):
+    wrong_shape = r"layer_0/intermediate/kernel: checkpoint \(32, 64\) vs model \(32, 48\)"
+    with pytest.raises(ConversionError, match=wrong_shape):
         load(checkpoint)
 
 
@@ -99,10 +100,10 @@ def test_directory_without_a_checkpoint(tmp_path):
 
 
 def test_task_the_checkpoint_does_not_hold(checkpoint):
-    with pytest.raises(LoadError, match="holds a 'pretraining' model, which does not contain task='discriminator'"):
-        load(checkpoint, task="discriminator")
+    with pytest.raises(LoadError, match="holds a 'pretraining' model, which does not contain head='discriminator'"):
+        load(checkpoint, head="discriminator")
     with pytest.raises(LoadError, match="fill_mask needs a masked-LM head"):
-        load(checkpoint, task="backbone").fill_mask("a [MASK] b")
+        load(checkpoint, head="backbone").fill_mask("a [MASK] b")
 
 
 def test_electra_halves_from_different_runs_are_refused(tmp_path):
@@ -117,7 +118,7 @@ def test_electra_halves_from_different_runs_are_refused(tmp_path):
 
 def test_failed_export_leaves_nothing_and_existing_output_is_kept(checkpoint, tmp_path):
     config = config_lib.model_config("bert", **SIZES, embedding_size=16)
-    unexportable = Pretrained(config=config, task="backbone", params={})
+    unexportable = Pretrained(config=config, head="backbone", params={})
     with pytest.raises(ConversionError, match="embedding_size=16 must equal hidden_size=32"):
         bert_jax.save_pretrained(unexportable, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bert"]
@@ -168,7 +169,7 @@ def test_an_unreadable_newest_step_points_to_an_older_one(bert_jax_export, tmp_p
     with pytest.raises(LoadError, match=re.escape(f"{export}/checkpoints/7: cannot read the checkpoint of step 7 (")
                        + ".*" + re.escape(f"); load another step ({export}/checkpoints/0)")):
         load(export)
-    assert load(export / "checkpoints" / "0").task == "pretraining"
+    assert load(export / "checkpoints" / "0").head == "pretraining"
 
 
 def test_truncated_tf_checkpoint_names_the_files(tmp_path):

@@ -62,7 +62,7 @@ def test_hf_directory_loads_and_exports_with_transformers_outputs(case, tmp_path
 
     with pytest.warns(UserWarning, match="no tokenizer files"):
         loaded = bert_jax.load_pretrained(tmp_path / "hf")
-    assert loaded.task == task and loaded.tokenizer is None
+    assert loaded.head == task and loaded.tokenizer is None
     assert all(leaf.devices() == {jax.devices("cpu")[0]} for leaf in jax.tree.leaves(loaded.params))
     assert_outputs_match(loaded, reference, outputs, inputs)
 
@@ -85,8 +85,8 @@ def test_backbone_of_a_sharded_checkpoint_onto_a_mesh(tmp_path):
     mesh = sharding.make_mesh(data=2, fsdp=2, tensor=2)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        backbone = bert_jax.load_pretrained(tmp_path, task="backbone", mesh=mesh)
-    assert backbone.task == "backbone" and set(backbone.params) == {"embeddings", "encoder", "pooler"}
+        backbone = bert_jax.load_pretrained(tmp_path, head="backbone", mesh=mesh)
+    assert backbone.head == "backbone" and set(backbone.params) == {"embeddings", "encoder", "pooler"}
     intermediate = backbone.params["encoder"]["layer_0"]["intermediate"]["kernel"]
     assert intermediate.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
     encoded = backbone.encode(**inputs)
@@ -127,7 +127,7 @@ ROUND_TRIPS = {
 @pytest.mark.parametrize("case", ROUND_TRIPS)
 def test_bert_jax_to_hf_to_bert_jax_is_exact(case, tmp_path):
     config, task = ROUND_TRIPS[case]
-    original = bert_jax.Pretrained(config=config, task=task, params=None)
+    original = bert_jax.Pretrained(config=config, head=task, params=None)
     original.params = random_params(original.model)
     bert_jax.save_pretrained(original, tmp_path / "hf", format="hf")
     bert_jax.save_pretrained(original, tmp_path / "ours", format="bert_jax")
@@ -135,7 +135,7 @@ def test_bert_jax_to_hf_to_bert_jax_is_exact(case, tmp_path):
         warnings.simplefilter("ignore")
         from_hf = bert_jax.load_pretrained(tmp_path / "hf")
         from_ours = bert_jax.load_pretrained(tmp_path / "ours")
-    assert from_hf.task == from_ours.task == task
+    assert from_hf.head == from_ours.head == task
     assert from_ours.config == config
     jax.tree.map(np.testing.assert_array_equal, to_unscanned_layout(original.params), from_hf.params)
     jax.tree.map(np.testing.assert_array_equal, original.params, from_ours.params)

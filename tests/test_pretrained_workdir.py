@@ -47,10 +47,10 @@ def bert_run(tmp_path_factory):
 def test_latest_or_given_step_restores_exactly(bert_run):
     workdir, saved = bert_run
     latest = bert_jax.load_pretrained(workdir)
-    assert latest.task == "pretraining" and latest.config.scan_layers
+    assert latest.head == "pretraining" and latest.config.scan_layers
     assert "layers" in latest.params["backbone"]["encoder"]
     jax.tree.map(np.testing.assert_array_equal, latest.params, saved[20])
-    earlier = bert_jax.load_pretrained(workdir / "checkpoints" / "10", task="backbone")
+    earlier = bert_jax.load_pretrained(workdir / "checkpoints" / "10", head="backbone")
     jax.tree.map(np.testing.assert_array_equal, earlier.params, saved[10]["backbone"])
 
 
@@ -72,15 +72,15 @@ def test_electra_run_gives_generator_discriminator_or_both(tmp_path):
     config = config_lib.load_preset("electra", "tiny")
     saved = write_workdir(tmp_path / "electra", config, steps=(5,))[5]
     both = bert_jax.load_pretrained(tmp_path / "electra")
-    assert both.task == "both"
-    generator = bert_jax.load_pretrained(tmp_path / "electra", task="generator")
+    assert both.head == "both"
+    generator = bert_jax.load_pretrained(tmp_path / "electra", head="generator")
     assert generator.config.hidden_size == config.model.generator.hidden_size
     np.testing.assert_array_equal(generator.params["mlm_head"]["bias"], saved["generator_head"]["bias"])
-    discriminator = bert_jax.load_pretrained(tmp_path / "electra", task="discriminator")
+    discriminator = bert_jax.load_pretrained(tmp_path / "electra", head="discriminator")
     np.testing.assert_array_equal(discriminator.params["backbone"]["embeddings"]["word_embeddings"]["embedding"],
                                   saved["embeddings"]["word_embeddings"]["embedding"])
-    with pytest.raises(LoadError, match="does not contain task='pretraining'"):
-        bert_jax.load_pretrained(tmp_path / "electra", task="pretraining")
+    with pytest.raises(LoadError, match="does not contain head='pretraining'"):
+        bert_jax.load_pretrained(tmp_path / "electra", head="pretraining")
 
 
 def test_saved_bert_jax_format_is_the_workdir_layout(bert_run, tmp_path):

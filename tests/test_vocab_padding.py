@@ -169,7 +169,7 @@ def test_workdir_saved_before_the_padding_loads_and_exports(tmp_path):
     np.testing.assert_array_equal(words(loaded.params)[VOCAB:], 0.0)
 
     mesh = sharding.make_mesh(data=2, fsdp=1, tensor=4)
-    on_mesh = bert_jax.load_pretrained(tmp_path / "old", task="masked_lm", mesh=mesh)
+    on_mesh = bert_jax.load_pretrained(tmp_path / "old", head="masked_lm", mesh=mesh)
     assert words(on_mesh.params).sharding.spec == jax.sharding.PartitionSpec("tensor", "fsdp")
     np.testing.assert_array_equal(on_mesh.params["mlm_head"]["bias"][:VOCAB], saved["mlm_head"]["bias"])
 

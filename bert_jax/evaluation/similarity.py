@@ -67,7 +67,7 @@ def main(argv):
     del argv
     from bert_jax.pretrained import load_pretrained
 
-    scores = evaluate(load_pretrained(flags.FLAGS.init, task="backbone"), flags.FLAGS.data, flags.FLAGS.pooling)
+    scores = evaluate(load_pretrained(flags.FLAGS.init, head="backbone"), flags.FLAGS.data, flags.FLAGS.pooling)
     print(f"{scores['pairs']} pairs from {flags.FLAGS.data} ({scores['skipped']} skipped), "
           f"{flags.FLAGS.pooling} pooling: Pearson {scores['pearson']:.4f}, Spearman {scores['spearman']:.4f}")
     print(json.dumps({"pearson": scores["pearson"], "spearman": scores["spearman"]}))

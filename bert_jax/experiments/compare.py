@@ -33,22 +33,20 @@ import numpy as np
 from absl import flags
 from jax.experimental import multihost_utils
 
-from bert_jax import cli, config_lib, finetune, flops, param_table, run_loop, storage
+from bert_jax import cli, config_lib, families, finetune, flops, param_table, run_loop, storage
 from bert_jax import train as train_lib  # defines --workdir and the distributed flags this command shares
 from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import documents, plain_text, prepare
 from bert_jax.metrics_writer import machine_description
 from bert_jax.tasks import glue
+from bert_jax.workdir import CHECKPOINT_DIR, METRICS_FILE, RESULTS_FILE, SECONDS_FILE
 
 SHARED_DATA = "../shared/data"  # relative to the working directory, else to the repository root (resolve_path)
 # ELECTRA's convention: one score per task.
 TASK_SCORE = {"cola": "dev_mcc", "sst2": "dev_accuracy", "mrpc": "dev_accuracy", "stsb": "dev_spearman",
               "rte": "dev_accuracy", "qnli": "dev_accuracy", "wnli": "dev_accuracy"}
 BASELINE = "no pretraining"
-# How each family is trained here, for the table.
-RECIPES = {"bert": "BERT: MLM + NSP, static masks", "roberta": "RoBERTa: dynamic MLM, full sentences",
-           "albert": "ALBERT: MLM + SOP, n-gram masks, E < H, shared layers",
-           "electra": "ELECTRA: replaced-token detection", BASELINE: "BERT from its random initialisation"}
+BASELINE_RECIPE = "BERT from its random initialisation"
 
 flags.DEFINE_string("budget", "cpu-small", "A budget of configs/compare.py.")
 flags.DEFINE_string("corpus", f"{SHARED_DATA}/corpus/gutenberg-[!R]*.txt,{SHARED_DATA}/corpus/wikitext-*.txt",
@@ -68,13 +66,13 @@ def pretraining_config(family: str, budget: ml_collections.ConfigDict, prepared_
     """The family's tiny preset (its objective, masking, tokenizer, optimizer) in the budget's shape and FLOPs."""
     config = ml_collections.ConfigDict(config_lib.load_preset(family, "tiny").to_dict())
     shape = budget.model
-    factorized = family in ("albert", "electra")
+    spec = families.get(family)
     config.model.update(hidden_size=shape.hidden_size, num_hidden_layers=shape.num_hidden_layers,
                         num_attention_heads=shape.num_attention_heads, intermediate_size=shape.intermediate_size,
-                        embedding_size=shape.embedding_size if factorized else shape.hidden_size,
-                        num_hidden_groups=1 if family == "albert" else shape.num_hidden_layers,
+                        embedding_size=shape.embedding_size if spec.factorized_embeddings else shape.hidden_size,
+                        num_hidden_groups=1 if spec.shared_layers else shape.num_hidden_layers,
                         dtype=budget.dtype)
-    if family == "electra":
+    if spec.has_generator:
         width = lambda n: max(1, round(n * shape.generator_fraction))
         config.model.generator.update(hidden_size=width(shape.hidden_size),
                                       num_attention_heads=width(shape.num_attention_heads),
@@ -94,6 +92,14 @@ def pretraining_config(family: str, budget: ml_collections.ConfigDict, prepared_
                   checkpoint_every_steps=steps // grid, keep_checkpoints=grid)
     config.optimizer.update(learning_rate=budget.learning_rates[family], warmup_steps=max(1, steps // 10))
     return config_lib.lock(config)
+
+
+def recipe(name: str) -> str:
+    """How a row of the table was trained: a family's recipe, or the baseline's."""
+    if name == BASELINE:
+        return BASELINE_RECIPE
+    family = families.get(name)
+    return f"{family.title}: {family.recipe}"
 
 
 def checkpoint_grid(points) -> int:
@@ -132,11 +138,11 @@ def on_process_zero(name: str, write_files) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def prepare_corpus(patterns: str, workdir: storage.Path, families) -> dict[str, str]:
+def prepare_corpus(patterns: str, workdir: storage.Path, compared) -> dict[str, str]:
     """Convert the raw text once, then tokenize it once per tokenizer; returns family -> prepared folder."""
     text_dir = workdir / "corpus" / "text"
     tokenizers = {}
-    for family in families:
+    for family in compared:
         data = config_lib.load_preset(family, "tiny").data
         path = input_config.resolve_path(data.tokenizer_path)
         tokenizers[family] = (data.tokenizer_kind, path, data.lowercase)
@@ -167,7 +173,7 @@ def pretrain(config: ml_collections.ConfigDict, workdir: storage.Path) -> dict:
         return json.loads(summary_file.read_text())
     start = time.perf_counter()
     train_lib.train_and_evaluate(config, str(workdir))
-    losses = [(m["step"], m["loss"]) for m in read_jsonl(workdir / "metrics.jsonl") if "loss" in m]
+    losses = [(m["step"], m["loss"]) for m in read_jsonl(workdir / METRICS_FILE) if "loss" in m]
     step_flops = flops.train_step_flops(config)
     summary = dict(total_steps=config.total_steps, flops_per_step=step_flops,
                    pretrain_flops=step_flops * config.total_steps,
@@ -181,14 +187,14 @@ def pretrain(config: ml_collections.ConfigDict, workdir: storage.Path) -> dict:
 
 def run_finetune(config: ml_collections.ConfigDict, workdir: storage.Path) -> tuple[dict[str, float], float]:
     """One fine-tune's dev scores and wall seconds; a finished run is read back instead of redone."""
-    results_file, seconds_file = workdir / "results.json", workdir / "seconds.json"
+    results_file, seconds_file = workdir / RESULTS_FILE, workdir / SECONDS_FILE
     if not results_file.exists():
         start = time.perf_counter()
         if not finetune.train_and_evaluate(config, str(workdir)):  # stopped by a signal, its checkpoint saved
             raise SystemExit(f"{workdir}: stopped by signal; rerun the same command to continue")
         if jax.process_index() == 0:
             storage.atomic_write(seconds_file, json.dumps(time.perf_counter() - start))
-            (workdir / "checkpoints").rmtree(missing_ok=True)
+            (workdir / CHECKPOINT_DIR).rmtree(missing_ok=True)
     return json.loads(results_file.read_text()), json.loads(seconds_file.read_text())
 
 
@@ -200,8 +206,8 @@ def random_init_checkpoint(config: ml_collections.ConfigDict, pretrained_step: s
 
     def write_files():
         if not path.exists():
-            pretrained = load_pretrained(pretrained_step, task="backbone")
-            params = modeling.init_params(modeling.EncoderModel(pretrained.config), jax.random.key(config.seed))
+            pretrained = load_pretrained(pretrained_step, head="backbone")
+            params = modeling.init_params(modeling.backbone(pretrained.config), jax.random.key(config.seed))
             pretrained.params = jax.device_get(params)
             save_pretrained(pretrained, path, format="bert_jax")
 
@@ -264,7 +270,7 @@ def markdown(report: dict) -> str:
     for name, row in report["rows"].items():
         final = row["points"][-1]
         pre = row.get("pretraining")
-        cells = [name, RECIPES[name], f"{row['params'] / 1e6:.2f}M",
+        cells = [name, recipe(name), f"{row['params'] / 1e6:.2f}M",
                  f"{pre['pretrain_flops']:.3g}" if pre else "0", str(pre["total_steps"]) if pre else "0",
                  f"{pre['tokens_seen'] / 1e6:.2f}M" if pre else "0",
                  *[fmt(final["scores"]["tasks"][t], len(final["seeds"])) for t in tasks],
@@ -354,15 +360,15 @@ def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: stor
     start = time.perf_counter()
     workdir, glue_dir, results_dir = map(storage.as_path, (workdir, glue_dir, results_dir))
     budget = config_lib.load_preset("compare", budget_name)
-    families = config_lib.FAMILIES
+    compared = [f for f in families.names() if f in budget.learning_rates]
     missing = [glue.get_task(t).name for t in budget.finetune.tasks if not (glue_dir / glue.get_task(t).name).is_dir()]
     if missing:
         raise glue.GlueDataError(f"--glue_dir={glue_dir} lacks the task folders {missing}; download GLUE there")
     if jax.process_index() == 0:
         storage.check_writable(results_dir)  # now, not after hours of training
     train_lib.enable_compilation_cache(str(workdir / "xla_cache"))  # fine-tunes of one shape compile once
-    prepared = prepare_corpus(corpus, workdir, families)
-    configs = {f: pretraining_config(f, budget, prepared[f], seed) for f in families}
+    prepared = prepare_corpus(corpus, workdir, compared)
+    configs = {f: pretraining_config(f, budget, prepared[f], seed) for f in compared}
     rows = {}
     for family, config in configs.items():
         run_loop.announce("== pretraining %s: %d steps of %.3g FLOPs", family, config.total_steps,
@@ -370,7 +376,7 @@ def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: stor
         rows[family] = {"pretraining": pretrain(config, workdir / "pretrain" / family),
                         "params": param_table.backbone_params(config.model)}
     inits = {family: [(step, step * rows[family]["pretraining"]["flops_per_step"],
-                       workdir / "pretrain" / family / "checkpoints" / str(step))
+                       workdir / "pretrain" / family / CHECKPOINT_DIR / str(step))
                       for step in checkpoint_steps(config.total_steps, budget.glue_points)]
              for family, config in configs.items()}
     first_bert_step = inits["bert"][0][2]
@@ -397,7 +403,7 @@ def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: stor
     report = {"budget": budget.to_dict(), "pretrain_seed": seed, "finetune_seeds": list(budget.finetune.seeds),
               "corpus": corpus, "corpus_summary": corpus_summary(prepared), "rows": rows,
               "seconds": time.perf_counter() - start, "finetune_seconds": finetune_seconds,
-              "pretrain_seconds": sum(rows[f]["pretraining"]["seconds"] for f in families),
+              "pretrain_seconds": sum(rows[f]["pretraining"]["seconds"] for f in compared),
               "date": time.strftime("%Y-%m-%d"),
               "machine": f"{machine_description()}, JAX on {jax.devices()[0].platform}",
               "command": f"python -m bert_jax.experiments.compare --budget={budget_name} --workdir=DIR"}

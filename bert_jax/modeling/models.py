@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import linen as nn
 
+from bert_jax import families
 from bert_jax.config_lib import generator_config, validate_model_config
 from bert_jax.modeling.transformer import (ACTIVATIONS, POOLED, Config, EncoderModel, Embeddings, constrain,
                                            dense, layer_norm, map_vocab_params, padded_vocab_size, param_dtype)
@@ -13,6 +14,16 @@ from bert_jax.modeling.transformer import (ACTIVATIONS, POOLED, Config, EncoderM
 HEAD_INPUT = ("activation_batch", None, "activation_embed")  # [B, P, H] at the masked positions (or all S)
 LOGITS = ("activation_batch", None, "activation_vocab")  # [B, P, V]: the vocabulary split over tensor
 MASKED_LOGIT = -1e9  # the logit of a vocabulary padding column: finite in float32 and bfloat16, exp() of it is 0
+
+
+def backbone(config: Config, **kwargs) -> nn.Module:
+    """The encoder a family's models are built on: the shared one, or the family's own (families.Family.encoder)."""
+    return (families.of(config).encoder or EncoderModel)(config, **kwargs)
+
+
+def mlm_head(config: Config, **kwargs) -> nn.Module:
+    """The family's masked-LM head: MlmHead, or the family's own (families.Family.mlm_head)."""
+    return (families.of(config).mlm_head or MlmHead)(config, **kwargs)
 
 
 def gather_positions(hidden, positions):
@@ -38,8 +49,7 @@ class MlmHead(nn.Module):
         if masked_positions is not None:
             hidden = gather_positions(hidden, masked_positions)
         hidden = constrain(hidden, HEAD_INPUT)
-        # RoBERTa's and ELECTRA's generator heads use exact GELU whatever the encoder's activation.
-        activation = "gelu" if cfg.family in ("roberta", "electra") else cfg.hidden_act
+        activation = families.of(cfg).mlm_activation or cfg.hidden_act
         x = dense(cfg, cfg.embedding_size, ("embed", "token_embed"), "transform")(hidden)
         x = layer_norm(cfg, "token_embed", "norm")(ACTIVATIONS[activation](x))
         rows = padded_vocab_size(cfg)
@@ -86,8 +96,8 @@ class PreTrainingModel(nn.Module):
     sentence_head: bool = True
 
     def setup(self):
-        self.backbone = EncoderModel(self.config)
-        self.mlm_head = MlmHead(self.config)
+        self.backbone = backbone(self.config)
+        self.mlm_head = mlm_head(self.config)
         if self.sentence_head:
             self.sentence_pair_head = SentencePairHead(self.config)
 
@@ -110,7 +120,7 @@ class ElectraDiscriminator(nn.Module):
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, packing_segment_ids=None,
                  deterministic: bool = True):
-        outputs = EncoderModel(self.config, name="backbone")(
+        outputs = backbone(self.config, name="backbone")(
             input_ids, attention_mask, token_type_ids, packing_segment_ids=packing_segment_ids,
             deterministic=deterministic)
         outputs["discriminator_logits"] = DiscriminatorHead(self.config, name="discriminator_head")(
@@ -131,9 +141,9 @@ class Electra(nn.Module):
         cfg = self.config
         gen_cfg = generator_config(cfg)
         self.embeddings = Embeddings(cfg)
-        self.generator = EncoderModel(gen_cfg, shared_embeddings=self.embeddings)
-        self.generator_head = MlmHead(gen_cfg)
-        self.discriminator = EncoderModel(cfg, shared_embeddings=self.embeddings)
+        self.generator = backbone(gen_cfg, shared_embeddings=self.embeddings)
+        self.generator_head = mlm_head(gen_cfg)
+        self.discriminator = backbone(cfg, shared_embeddings=self.embeddings)
         self.discriminator_head = DiscriminatorHead(cfg)
 
     def generator_logits(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
@@ -169,7 +179,7 @@ class SequenceClassifier(nn.Module):
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, deterministic: bool = True):
         cfg = self.config
-        outputs = EncoderModel(cfg, name="backbone")(input_ids, attention_mask, token_type_ids,
+        outputs = backbone(cfg, name="backbone")(input_ids, attention_mask, token_type_ids,
                                                      deterministic=deterministic)
         if cfg.pooler:
             features = outputs["pooler_output"]
@@ -189,19 +199,47 @@ class SpanExtractor(nn.Module):
 
     @nn.compact
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, deterministic: bool = True):
-        outputs = EncoderModel(self.config, name="backbone")(input_ids, attention_mask, token_type_ids,
+        outputs = backbone(self.config, name="backbone")(input_ids, attention_mask, token_type_ids,
                                                              deterministic=deterministic)
         logits = dense(self.config, 2, ("embed", "classes"), "span_classifier")(outputs["last_hidden_state"])
         outputs["start_logits"], outputs["end_logits"] = jnp.moveaxis(logits.astype(jnp.float32), -1, 0)
         return outputs
 
 
+# What sits on the backbone: the one word for it everywhere (load_pretrained, exports, HF tables).
+#   backbone       the encoder alone (any checkpoint's)
+#   pretraining    MLM + NSP/SOP heads (BERT, ALBERT)
+#   masked_lm      MLM head only (BERT, RoBERTa, ALBERT)
+#   discriminator  ELECTRA's replaced-token detector
+#   generator      ELECTRA's MLM generator (a masked_lm model with the generator's config)
+#   both           ELECTRA's generator and discriminator, sharing their embeddings
+HEADS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator", "both")
+# The head each pretraining objective trains.
+HEAD_OF_OBJECTIVE = {"mlm_nsp": "pretraining", "mlm_sop": "pretraining", "mlm": "masked_lm", "rtd": "both"}
+
+
+def objective_head(objective: str, model: Config) -> str | None:
+    """The head `objective` trains on this model (None for an unknown objective); with a family whose masked-LM
+    model is a generator (ELECTRA), "generator"."""
+    head = HEAD_OF_OBJECTIVE.get(objective)
+    return "generator" if head == "masked_lm" and families.of(model).has_generator else head
+
+
+def model_for_head(model: Config, head: str) -> nn.Module:
+    """The module whose parameters a checkpoint with this head fills."""
+    if head == "both":
+        return Electra(model)
+    if head == "backbone":
+        return backbone(model)
+    if head == "discriminator":
+        return ElectraDiscriminator(model)
+    return PreTrainingModel(model, sentence_head=head == "pretraining")
+
+
 def pretraining_model(config) -> nn.Module:
     """The model `config.objective` trains: MLM+NSP / MLM+SOP / MLM / RTD."""
     validate_model_config(config.model, needs_generator=config.objective == "rtd")
-    if config.objective == "rtd":
-        return Electra(config.model)
-    return PreTrainingModel(config.model, sentence_head=config.objective in ("mlm_nsp", "mlm_sop"))
+    return model_for_head(config.model, HEAD_OF_OBJECTIVE[config.objective])
 
 
 def dummy_inputs(batch_size: int = 1, seq_length: int = 8) -> dict:

@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
+from bert_jax import families
 from bert_jax.config_lib import ConfigError
 from bert_jax.sharding import constrain
 
@@ -91,13 +92,13 @@ def layer_norm(config: Config, axis_name: str, name: str) -> nn.LayerNorm:
 
 
 def has_embedding_projection(config: Config) -> bool:
-    """ALBERT always maps E -> H; ELECTRA (and anything else) only when the widths differ."""
-    return config.family == "albert" or config.embedding_size != config.hidden_size
+    """ALBERT always maps E -> H; the others only when the widths differ (ELECTRA's small models)."""
+    return families.of(config).always_projects_embeddings or config.embedding_size != config.hidden_size
 
 
 def position_ids_for(config: Config, input_ids: Array) -> Array:
-    """0..S-1, except RoBERTa's fairseq numbering: pad_token_id + 1 onwards, padding kept at pad_token_id."""
-    if config.family == "roberta":
+    """0..S-1, except with fairseq's numbering (RoBERTa): pad_token_id + 1 onwards, padding kept at pad_token_id."""
+    if families.of(config).position_offset:
         not_pad = (input_ids != config.pad_token_id).astype(jnp.int32)
         return jnp.cumsum(not_pad, axis=1) * not_pad + config.pad_token_id
     return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)

@@ -1,29 +1,30 @@
 """Packing one or two token sequences into a model input, the way each family's tokenizer does.
 
 BERT, ALBERT, ELECTRA: [CLS] a [SEP] b [SEP], token types 0 then 1. RoBERTa: <s> a </s></s> b </s>, all type 0
-(its embeddings have a single token type).
+(its embeddings have a single token type); families.Family says which.
 """
 from __future__ import annotations
 
 import numpy as np
+
+from bert_jax import families
 
 
 def special_count(family: str, pair: bool) -> int:
     """How many special tokens a single text or a pair takes."""
     if not pair:
         return 2
-    return 4 if family == "roberta" else 3
+    return 2 + families.get(family).pair_separators
 
 
 def pack(ids_a: list[int], ids_b: list[int] | None, special, family: str) -> tuple[list[int], list[int]]:
     """(input_ids, token_type_ids) of one example; `special` holds the tokenizer's cls and sep ids."""
-    ids = [special.cls, *ids_a, special.sep]
+    single = [special.cls, *ids_a, special.sep]
     if ids_b is None:
-        return ids, [0] * len(ids)
-    if family == "roberta":
-        ids += [special.sep, *ids_b, special.sep]
-        return ids, [0] * len(ids)
-    return ids + [*ids_b, special.sep], [0] * len(ids) + [1] * (len(ids_b) + 1)
+        return single, [0] * len(single)
+    spec = families.get(family)
+    first, second = single + [special.sep] * (spec.pair_separators - 1), [*ids_b, special.sep]
+    return first + second, [0] * len(first) + [int(spec.pair_token_types)] * len(second)
 
 
 def truncate_longest_first(ids_a: list[int], ids_b: list[int] | None, budget: int):
