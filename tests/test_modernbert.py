@@ -10,13 +10,11 @@ import pytest
 import torch
 import transformers
 from flax import linen as nn
-from flax import traverse_util
 
 import bert_jax
-from bert_jax import config_lib, modeling
+from bert_jax import config_lib, modeling, state_dict
 from bert_jax.families import modernbert
-from bert_jax.modeling.models import count_params
-from bert_jax.modeling.transformer import pad_vocab, unpad_vocab
+from bert_jax.modeling.models import MASKED_LOGIT, count_params
 
 ATOL = 1e-5
 VOCAB = 500  # padded to 512 rows here
@@ -65,19 +63,14 @@ def batch():
     return input_ids, attention_mask
 
 
-def params_from_torch(torch_model, config, head: str, hf_base: str):
-    """bert_jax params from a torch model's state dict, through the family's name table."""
-    state = {k: v.numpy() for k, v in torch_model.state_dict().items()}
-    pairs = list(modernbert.hf_tensor_pairs(config, head, hf_base))
-    assert {hf for hf, _, _ in pairs} == {k for k in state if not k.endswith(modernbert.DERIVED_SUFFIXES)}
-    flat = {tuple(ours.split("/")): modernbert.to_ours(state[hf], kind, config) for hf, ours, kind in pairs}
-    return pad_vocab(traverse_util.unflatten_dict(flat), config)
+def params_from_torch(torch_model, config, head: str):
+    """bert_jax params from a torch model's state dict, through the library's import (the family's name table);
+    it refuses a missing, unexpected or mis-shaped tensor."""
+    return state_dict.params_from_hf({k: v.numpy() for k, v in torch_model.state_dict().items()}, config, head)
 
 
-def params_to_torch_state(params, config, head: str, hf_base: str) -> dict:
-    flat = traverse_util.flatten_dict(unpad_vocab(params, config), sep="/")
-    return {hf: torch.tensor(modernbert.to_hf(np.asarray(flat[ours]), kind, config))
-            for hf, ours, kind in modernbert.hf_tensor_pairs(config, head, hf_base)}
+def params_to_torch_state(params, config, head: str) -> dict:
+    return {name: torch.tensor(array) for name, array in state_dict.params_to_hf(params, config, head).items()}
 
 
 def torch_run(torch_model, input_ids, attention_mask):
@@ -104,7 +97,7 @@ def test_backbone_matches_transformers(attn_implementation, biases):
     hf_config = hf_small_config(attn_implementation, biases)
     torch_model = randomize(transformers.ModernBertModel(hf_config))
     config = our_config(hf_config)
-    params = params_from_torch(torch_model, config, "backbone", "")
+    params = params_from_torch(torch_model, config, "backbone")
     input_ids, attention_mask = batch()
     ours = modernbert.Encoder(config).apply({"params": params}, input_ids, attention_mask)["last_hidden_state"]
     assert max_error(ours, torch_run(torch_model, input_ids, attention_mask), attention_mask) < ATOL
@@ -115,7 +108,7 @@ def test_window_matters():
     hf_config = hf_small_config("eager")
     torch_model = randomize(transformers.ModernBertModel(hf_config))
     config = our_config(hf_config)
-    params = params_from_torch(torch_model, config, "backbone", "")
+    params = params_from_torch(torch_model, config, "backbone")
     input_ids, attention_mask = batch()
     config.local_attention = 2 * SEQ
     ours = modernbert.Encoder(config).apply({"params": params}, input_ids, attention_mask)["last_hidden_state"]
@@ -126,10 +119,10 @@ def test_masked_lm_matches_transformers():
     hf_config = hf_small_config("eager")
     torch_model = randomize(transformers.ModernBertForMaskedLM(hf_config))
     config = our_config(hf_config)
-    params = params_from_torch(torch_model, config, "masked_lm", "model")
+    params = params_from_torch(torch_model, config, "masked_lm")
     input_ids, attention_mask = batch()
     logits = mlm_logits(config, params, input_ids, attention_mask)
-    assert logits.shape[-1] == 512 and np.all(np.asarray(logits[..., VOCAB:]) == modernbert.MASKED_LOGIT)
+    assert logits.shape[-1] == 512 and np.all(np.asarray(logits[..., VOCAB:]) == MASKED_LOGIT)
     reference = torch_run(torch_model, input_ids, attention_mask)
     assert max_error(logits[..., :VOCAB], reference, attention_mask) < ATOL
 
@@ -137,7 +130,7 @@ def test_masked_lm_matches_transformers():
 def test_export_loads_into_transformers_and_round_trips(tiny):
     config, params = tiny
     input_ids, attention_mask = batch()
-    exported = params_to_torch_state(params, config, "masked_lm", "model")
+    exported = params_to_torch_state(params, config, "masked_lm")
 
     hf_config = transformers.ModernBertConfig(**modernbert.hf_config(config, "masked_lm"))
     hf_config._attn_implementation = "eager"
@@ -149,10 +142,7 @@ def test_export_loads_into_transformers_and_round_trips(tiny):
     ours = mlm_logits(config, params, input_ids, attention_mask)[..., :config.vocab_size]
     assert max_error(ours, torch_run(torch_model, input_ids, attention_mask), attention_mask) < ATOL
 
-    state = {k: v.numpy() for k, v in exported.items()}
-    flat = {tuple(ours.split("/")): modernbert.to_ours(state[hf], kind, config)
-            for hf, ours, kind in modernbert.hf_tensor_pairs(config, "masked_lm", "model")}
-    reimported = pad_vocab(traverse_util.unflatten_dict(flat), config)
+    reimported = state_dict.params_from_hf({k: v.numpy() for k, v in exported.items()}, config, "masked_lm")
     jax.tree.map(np.testing.assert_array_equal, reimported, params)
 
 

@@ -28,7 +28,7 @@ from flax import linen as nn
 
 from bert_jax.config_lib import ConfigError
 from bert_jax.families import Family, HfConversion, HfNames, Tokenizer
-from bert_jax.modeling.models import HEAD_INPUT, LOGITS, MASKED_LOGIT, gather_positions
+from bert_jax.modeling.models import head_input, vocab_logits
 from bert_jax.modeling.transformer import (ACTIVATIONS, FFN_HIDDEN, HIDDEN, PER_HEAD, REMAT_POLICIES, Config,
                                            attention_mask_for, compute_dtype, constrain, dot_product_attention,
                                            lookup, padded_vocab_size, param_dtype)
@@ -250,20 +250,10 @@ class MlmHead(nn.Module):
     @nn.compact
     def __call__(self, hidden, word_embeddings, masked_positions=None):
         cfg = self.config
-        if masked_positions is not None:
-            hidden = gather_positions(hidden, masked_positions)
-        hidden = constrain(hidden, HEAD_INPUT)
         x = linear(cfg, cfg.hidden_size, ("embed", "token_embed"), "transform", cfg.classifier_bias,
-                   std=out_std(cfg))(hidden)
+                   std=out_std(cfg))(head_input(hidden, masked_positions))
         x = norm(cfg, "token_embed", "norm")(ACTIVATIONS[cfg.classifier_activation](x))
-        rows = padded_vocab_size(cfg)
-        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (rows,),
-                          param_dtype(cfg))
-        logits = constrain(jnp.einsum("...e,ve->...v", x, word_embeddings.astype(x.dtype)), LOGITS)
-        logits = logits.astype(jnp.float32) + bias
-        if rows == cfg.vocab_size:
-            return logits
-        return jnp.where(jnp.arange(rows) < cfg.vocab_size, logits, MASKED_LOGIT)
+        return vocab_logits(self, x, word_embeddings, cfg)
 
 
 # ---------------------------------------------------------------------------------- HF transformers conversion

@@ -46,21 +46,31 @@ class MlmHead(nn.Module):
     @nn.compact
     def __call__(self, hidden, word_embeddings, masked_positions=None):
         cfg = self.config
-        if masked_positions is not None:
-            hidden = gather_positions(hidden, masked_positions)
-        hidden = constrain(hidden, HEAD_INPUT)
         activation = families.of(cfg).mlm_activation or cfg.hidden_act
-        x = dense(cfg, cfg.embedding_size, ("embed", "token_embed"), "transform")(hidden)
+        x = dense(cfg, cfg.embedding_size, ("embed", "token_embed"), "transform")(head_input(hidden, masked_positions))
         x = layer_norm(cfg, "token_embed", "norm")(ACTIVATIONS[activation](x))
-        rows = padded_vocab_size(cfg)
-        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (rows,),
-                          param_dtype(cfg))
-        logits = constrain(jnp.einsum("...e,ve->...v", x, word_embeddings.astype(x.dtype)), LOGITS)
-        logits = logits.astype(jnp.float32) + bias
-        if rows == cfg.vocab_size:
-            return logits
-        # Padding columns: never sampled or predicted, and no gradient reaches their rows through the softmax.
-        return jnp.where(jnp.arange(rows) < cfg.vocab_size, logits, MASKED_LOGIT)
+        return vocab_logits(self, x, word_embeddings, cfg)
+
+
+def head_input(hidden, masked_positions=None):
+    """An MLM head's input: the hidden states at the masked positions [B, P, H] (all of them when None)."""
+    if masked_positions is not None:
+        hidden = gather_positions(hidden, masked_positions)
+    return constrain(hidden, HEAD_INPUT)
+
+
+def vocab_logits(head: nn.Module, x, word_embeddings, config: Config):
+    """Logits tied to the word embeddings plus the head's per-token `bias` (a parameter of `head`), in float32;
+    the padding columns past vocab_size hold MASKED_LOGIT."""
+    rows = padded_vocab_size(config)
+    bias = head.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("vocab",)), (rows,),
+                      param_dtype(config))
+    logits = constrain(jnp.einsum("...e,ve->...v", x, word_embeddings.astype(x.dtype)), LOGITS)
+    logits = logits.astype(jnp.float32) + bias
+    if rows == config.vocab_size:
+        return logits
+    # Padding columns: never sampled or predicted, and no gradient reaches their rows through the softmax.
+    return jnp.where(jnp.arange(rows) < config.vocab_size, logits, MASKED_LOGIT)
 
 
 class SentencePairHead(nn.Module):
