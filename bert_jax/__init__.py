@@ -1,4 +1,4 @@
-"""bert_jax: BERT, RoBERTa, ALBERT and ELECTRA in JAX/Flax."""
+"""bert_jax: BERT, RoBERTa, ALBERT, ELECTRA and ModernBERT in JAX/Flax."""
 
 __all__ = ["Pretrained", "load_pretrained", "save_pretrained"]
 

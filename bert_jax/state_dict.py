@@ -1,4 +1,4 @@
-"""PyTorch (HF transformers) state dicts <-> bert_jax parameter pytrees, for all four families.
+"""PyTorch (HF transformers) state dicts <-> bert_jax parameter pytrees, for every family (bert_jax/families).
 
 One table of (HF module name, bert_jax module path, kind) per family and head says where every tensor goes; the kind
 says how its layout changes (PyTorch Linear stores [out, in]; attention kernels here are [in, heads, head_dim]).

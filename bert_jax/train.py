@@ -1,4 +1,4 @@
-"""Pretraining for the four families: one jitted step per objective, sharded over a (data, fsdp, tensor) mesh.
+"""Pretraining for every family: one jitted step per objective, sharded over a (data, fsdp, tensor) mesh.
 
     python -m bert_jax.train --config=configs/bert.py:tiny --workdir=runs/bert-tiny [--config.key=value ...]
 

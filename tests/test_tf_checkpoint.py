@@ -11,7 +11,7 @@ from test_modeling_parity import batch, randomize, torch_outputs
 from test_pretrained_parity import assert_outputs_match
 
 import bert_jax
-from bert_jax import families, state_dict, tf_checkpoint
+from bert_jax import families, state_dict
 
 SIZES = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
              max_position_embeddings=64, attn_implementation="eager")

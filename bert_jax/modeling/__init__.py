@@ -1,4 +1,4 @@
-"""Pure flax.linen modules for the four encoder families; parameters carry logical axis names only."""
+"""Pure flax.linen modules for the encoder families; parameters carry logical axis names only."""
 from bert_jax.modeling.models import (
     HEAD_OF_OBJECTIVE,
     HEADS,

@@ -1,4 +1,5 @@
-"""The encoder all four families share: embeddings, post-LN transformer layers (optionally shared), pooler.
+"""The encoder BERT, RoBERTa, ALBERT and ELECTRA share: embeddings, post-LN transformer layers (optionally shared),
+pooler. (ModernBERT has its own, in bert_jax/families/modernbert.py.)
 
 Parameters carry logical axis names only; `bert_jax.sharding` maps them to mesh axes:
   vocab (V), token_embed (E, the embedding width), embed (H), mlp (FFN width), heads, kv (head width),
