@@ -21,7 +21,7 @@ from test_tf_checkpoint import SIZES as TF_SIZES
 from test_tf_checkpoint import TF_GELU, bert_names, tf_arrays, write_tf_checkpoint
 
 import bert_jax
-from bert_jax import config_lib, state_dict, storage, tf_checkpoint
+from bert_jax import config_lib, families, state_dict, storage
 from bert_jax.pretrained import LoadError, Pretrained
 
 MINILM_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "vocab.txt",
@@ -114,7 +114,7 @@ def test_tf1_checkpoint_in_a_bucket_is_read_from_a_local_copy(bucket_dir, tmp_pa
     hf = randomize(transformers.BertForPreTraining(transformers.BertConfig(**TF_SIZES, **TF_GELU)))
     write_tf_checkpoint(tmp_path, tf_arrays(hf, bert_names(TF_SIZES["num_hidden_layers"])))
     config = {k: v for k, v in hf.config.to_dict().items() if k in state_dict.HF_CONFIG_KEYS}
-    (tmp_path / tf_checkpoint.CONFIG_FILES["bert"]).write_text(json.dumps({**config, "hidden_act": "gelu"}))
+    (tmp_path / families.get("bert").tf1.config_file).write_text(json.dumps({**config, "hidden_act": "gelu"}))
     upload(tmp_path, f"{bucket_dir}/tf")
     opened = []
     reader = tf.train.load_checkpoint
