@@ -28,6 +28,7 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "ruff>=0.17,<0.18",  # `make lint` (ruff.toml)
             "gcp-storage-emulator>=2024.8",  # a GCS server on localhost for the bucket tests (tests/gcs_server.py)
             "torch==2.13.0",
             "transformers>=5.0",
@@ -37,6 +38,9 @@ setup(
             "nbformat>=5.11",
             "ipykernel>=7.4",
         ],
+        # prepare --runner=DirectRunner|DataflowRunner|...: Beam pins protobuf<7, so it gets its own environment
+        # (docs/data.md); DataflowRunner wants apache-beam[gcp].
+        "beam": ["apache-beam>=2.70"],
         "gpu": ["jax[cuda12]>=0.10"],
         "tpu": ["jax[tpu]>=0.10"],
     },

@@ -1,25 +1,36 @@
 """Documents: reading them from text files, tokenizing them, and their record format in prepared shards.
 
-Text format (BERT's): one sentence or paragraph per line, a blank line between documents. Both `prepare` and the
-pipeline's `config.data.input_files` read through `tokenize_files`. Memory is bounded whatever the input: a line is
-read at most MAX_LINE_BYTES at a time, a document holds at most MAX_DOCUMENT_CHARS characters, and the tokenizer
-gets about ENCODE_BATCH_CHARS at once. Bad input is skipped or cut and counted, never fatal mid-run (the first
-invalid or long line is logged with its file and line number):
+Text format (BERT's): one sentence or paragraph per line, a blank line between documents. JSON-lines files
+(`*.jsonl`, `*.json`, as C4 and OpenWebText ship) hold one document per line, its text under a key, one sentence
+per non-empty line of it; TFDS examples are read the same way (`text_documents`). Any of them may be gzip (`.gz`) or
+bzip2 (`.bz2`) compressed. Both `prepare` drivers, `train_tokenizer` and the pipeline's `config.data.input_files`
+read through `read_documents`. Memory is bounded whatever the input: a line is read at most MAX_LINE_BYTES at a
+time (a JSON record at most MAX_RECORD_BYTES), a document holds at most MAX_DOCUMENT_CHARS characters, and the
+tokenizer gets about ENCODE_BATCH_CHARS at once. Bad input is skipped or cut and counted, never fatal mid-run; the
+first few of each kind are named (file:line) in `Counts.where` (and the first invalid or long line is logged):
   empty_files                 files with no text at all
   invalid_utf8_lines          lines that are not UTF-8
   one_sentence_documents      documents with fewer than two non-empty sentences (no sentence pair can come of them)
   long_documents_split        documents cut into several at MAX_DOCUMENT_LINES lines or MAX_DOCUMENT_CHARS chars
   long_lines_split            lines of MAX_LINE_BYTES or more, cut into pieces (each a sentence) at their last
                               space within the limit, or between two UTF-8 characters when there is none
+  unreadable_files            files that could not be opened or decompressed (`prepare` counts them and goes on)
+  invalid_records             JSON lines that are not an object with a string under the text key
+  long_records_skipped        JSON lines of MAX_RECORD_BYTES or more
+  empty_records               JSON records or TFDS examples without any text
 A shard record is a `tf.train.Example` with `token_ids` (the document's tokens, flat) and `sentence_lengths`.
 """
 from __future__ import annotations
 
+import bz2
 import collections
+import gzip
 import io
 import itertools
+import json
 import os
-from typing import BinaryIO, Iterable, Iterator
+import zlib
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 import numpy as np
 from absl import logging
@@ -29,11 +40,14 @@ from bert_jax.errors import UserError
 from bert_jax.input_pipeline import config as config_lib
 
 SKIP_COUNTS = ("empty_files", "invalid_utf8_lines", "one_sentence_documents", "long_documents_split",
-               "long_lines_split")
+               "long_lines_split", "unreadable_files", "invalid_records", "long_records_skipped", "empty_records")
+MAX_NAMED = 10  # places named per kind of skip: enough to find the culprits, bounded on a 160 GB corpus
+JSON_SUFFIXES = (".jsonl", ".json")
 # Tokenizers need ~170 bytes per byte of one long line but ~40 per byte of 64 KiB lines (and are faster on them).
 MAX_LINE_BYTES = 1 << 16
 MAX_DOCUMENT_LINES = 10_000
 MAX_DOCUMENT_CHARS = 1 << 20
+MAX_RECORD_BYTES = 1 << 24  # a JSON line is parsed whole: 16 MiB holds any real web page
 # How much text goes to the tokenizer at once: large batches let the Rust/C++ tokenizers use their fast paths.
 ENCODE_BATCH_LINES = 8192
 ENCODE_BATCH_CHARS = 1 << 20
@@ -50,9 +64,28 @@ class NoDocumentsError(UserError, ValueError):
     """Too few usable documents; the message says how much input was skipped, and why."""
 
 
-def new_counts() -> collections.Counter:
+class UnreadableFileError(UserError, OSError):
+    """An input file that cannot be opened or decompressed; the message names it."""
+
+
+class Counts(collections.Counter):
+    """Counters for a summary, and where the first MAX_NAMED skips of each kind happened ("file:line")."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.where: dict[str, list[str]] = {}
+
+    def note(self, kind: str, place: str) -> None:
+        """Count one skip of `kind` at `place`, naming the place while fewer than MAX_NAMED are named."""
+        self[kind] += 1
+        named = self.where.setdefault(kind, [])
+        if len(named) < MAX_NAMED and place not in named:
+            named.append(place)
+
+
+def new_counts() -> Counts:
     """Counters for a summary: documents, sentences, tokens and the skip counts."""
-    return collections.Counter({k: 0 for k in ("documents", "sentences", "tokens", *SKIP_COUNTS)})
+    return Counts({k: 0 for k in ("documents", "sentences", "tokens", *SKIP_COUNTS)})
 
 
 def expand_patterns(patterns: str, key: str) -> list[storage.Path]:
@@ -94,7 +127,7 @@ def piece_end(chunk: bytes) -> int:
     return len(chunk)  # no character starts near the end: not UTF-8 anyway
 
 
-def read_lines(stream: BinaryIO, name: str, counts: collections.Counter) -> Iterator[str]:
+def read_lines(stream: BinaryIO, name: str, counts: Counts) -> Iterator[str]:
     """The stripped lines of a binary stream ("" for a blank one), holding at most MAX_LINE_BYTES of it: a longer
     line arrives as several pieces (`piece_end`). Lines that are not UTF-8 are skipped. `name` labels the log."""
     line_number, carry, long_line = 1, b"", 0
@@ -113,15 +146,15 @@ def read_lines(stream: BinaryIO, name: str, counts: collections.Counter) -> Iter
         except UnicodeDecodeError as e:
             if not counts["invalid_utf8_lines"]:
                 logging.warning("%s:%d: invalid UTF-8 (%s); skipping such lines (counted)", name, line_number, e)
-            counts["invalid_utf8_lines"] += 1
+            counts.note("invalid_utf8_lines", f"{name}:{line_number}")
         line_number += chunk.endswith(b"\n")
 
 
-def _count_long_line(name: str, line_number: int, counts: collections.Counter) -> None:
+def _count_long_line(name: str, line_number: int, counts: Counts) -> None:
     if not counts["long_lines_split"]:
         logging.warning("%s:%d: a line of %d bytes or more; cutting such lines into pieces (counted)", name,
                         line_number, MAX_LINE_BYTES)
-    counts["long_lines_split"] += 1
+    counts.note("long_lines_split", f"{name}:{line_number}")
 
 
 def group_documents(lines: Iterable[str], counts: collections.Counter) -> Iterator[list[str]]:
@@ -142,25 +175,87 @@ def group_documents(lines: Iterable[str], counts: collections.Counter) -> Iterat
         yield doc
 
 
-def file_lines(path: storage.PathLike, counts: collections.Counter) -> Iterator[str]:
-    """The lines of one text file (local or gs://), as `read_lines` gives them."""
-    with storage.as_path(path).open("rb") as f:
-        yield from read_lines(io.BufferedReader(f, READ_BUFFER_BYTES), str(path), counts)
+def is_json_lines(path: storage.PathLike) -> bool:
+    """Whether a file holds JSON lines, by its name (before a .gz or .bz2)."""
+    return os.fspath(path).removesuffix(".gz").removesuffix(".bz2").endswith(JSON_SUFFIXES)
 
 
-def read_documents(path: storage.PathLike, counts: collections.Counter) -> Iterator[list[str]]:
-    """Stream the documents of one text file (local or gs://) as lists of lines; skips are added to `counts`."""
+def read_file(path: storage.PathLike, read: Callable[[BinaryIO], Iterator]) -> Iterator:
+    """`read(stream)` on a file (local or gs://), decompressed by its suffix; a file that cannot be opened or
+    decompressed is an UnreadableFileError naming it, whenever that shows."""
+    name = os.fspath(path)
+    try:
+        with storage.as_path(path).open("rb") as raw:
+            stream = io.BufferedReader(raw, READ_BUFFER_BYTES)
+            if name.endswith(".gz"):
+                stream = gzip.GzipFile(fileobj=stream)
+            elif name.endswith(".bz2"):
+                stream = bz2.BZ2File(stream)
+            yield from read(stream)
+    except (OSError, EOFError, zlib.error) as e:
+        raise UnreadableFileError(f"{name}: cannot read it ({type(e).__name__}: {e})") from e
+
+
+def file_lines(path: storage.PathLike, counts: Counts) -> Iterator[str]:
+    """The lines of one text file (local or gs://, maybe compressed), as `read_lines` gives them."""
+    return read_file(path, lambda stream: read_lines(stream, os.fspath(path), counts))
+
+
+def text_documents(text: bytes, name: str, counts: Counts) -> Iterator[list[str]]:
+    """The documents of one record's text (a JSON line's, a TFDS example's): its non-empty lines, read like a
+    file's (long ones cut, invalid UTF-8 skipped); usually one document, more when it is cut."""
     empty = True
-    for doc in group_documents(file_lines(path, counts), counts):
+    for doc in group_documents(filter(None, read_lines(io.BytesIO(text), name, counts)), counts):
+        empty = False
+        yield doc
+    if empty:
+        counts.note("empty_records", name)
+
+
+def json_records(stream: BinaryIO, name: str, text_key: str, counts: Counts) -> Iterator[list[str]]:
+    """The documents of a JSON-lines stream, one record's text under `text_key` at a time (`text_documents`);
+    records that are too long, not UTF-8, not JSON or without that text are skipped and counted."""
+    line_number = 0
+    while line := stream.readline(MAX_RECORD_BYTES):
+        line_number += 1
+        place = f"{name}:{line_number}"
+        if not line.endswith(b"\n") and len(line) == MAX_RECORD_BYTES:
+            while (rest := stream.readline(MAX_RECORD_BYTES)) and not rest.endswith(b"\n"):
+                pass  # the rest of the record, dropped piece by piece
+            counts.note("long_records_skipped", place)
+            continue
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except UnicodeDecodeError:
+            counts.note("invalid_utf8_lines", place)
+            continue
+        except ValueError:
+            record = None
+        text = record.get(text_key) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            counts.note("invalid_records", place)
+            continue
+        yield from text_documents(text.encode("utf-8"), place, counts)
+
+
+def read_documents(path: storage.PathLike, counts: Counts, text_key: str = "text") -> Iterator[list[str]]:
+    """Stream the documents of one file (local or gs://; text, or JSON lines with their text under `text_key`) as
+    lists of lines; skips are added to `counts`."""
+    empty = True
+    docs = (read_file(path, lambda stream: json_records(stream, os.fspath(path), text_key, counts))
+            if is_json_lines(path) else group_documents(file_lines(path, counts), counts))
+    for doc in docs:
         empty = False
         yield doc
     if empty:
         logging.warning("%s: empty file, skipped (counted)", path)
-        counts["empty_files"] += 1
+        counts.note("empty_files", os.fspath(path))
 
 
 def tokenize_files(files: Iterable[storage.PathLike], tokenizer,
-                   counts: collections.Counter) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+                   counts: Counts) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """The tokenized documents of text files, in order: what `prepare` writes and `data.input_files` trains on."""
     return tokenize_documents((doc for f in files for doc in read_documents(f, counts)), tokenizer, counts)
 
@@ -200,6 +295,10 @@ def describe_counts(counts: collections.Counter, sources: str) -> str:
         "one_sentence_documents": ("one-sentence document", " skipped"),
         "long_documents_split": ("document", f" of {MAX_DOCUMENT_LINES} lines or {MAX_DOCUMENT_CHARS} chars split"),
         "long_lines_split": ("line", f" of {MAX_LINE_BYTES} bytes or more split"),
+        "unreadable_files": ("unreadable file", " skipped"),
+        "invalid_records": ("JSON line", " without text skipped"),
+        "long_records_skipped": ("JSON line", f" of {MAX_RECORD_BYTES} bytes or more skipped"),
+        "empty_records": ("record", " without text skipped"),
     }
     skips = [f"{plural(counts[k], noun)}{rest}" for k, (noun, rest) in why.items() if counts[k]]
     return f"{plural(counts['documents'], 'document')} from {sources}" + (": " + ", ".join(skips) if skips else "")

@@ -2,22 +2,26 @@
 
     python -m bert_jax.input_pipeline.prepare --tokenizer=data/bert-base-uncased/vocab.txt --output=DIR FILES...
     python -m bert_jax.input_pipeline.prepare --tokenizer=PATH --output=DIR --tfds=wikipedia/20230601.en
+    python -m bert_jax.input_pipeline.prepare --runner=DataflowRunner --tokenizer=gs://... --output=gs://... \
+        'gs://BUCKET/c4/*.json.gz' -- --project=P --region=R --temp_location=gs://... --setup_file=./setup.py
 
-Inputs, tokenizer and DIR may be local paths or bucket URLs (gs://...). Work is split into units (one per input
-file, or `--tfds_units` even slices of a TFDS split); worker processes take units, and unit k writes shards
+FILES are text files or globs (`*.jsonl`/`*.json` are JSON lines with their text under --text_key; any may end in
+.gz or .bz2); inputs, tokenizer and DIR may be local paths or bucket URLs (gs://...). Work is split into units (one
+per input file, or `--tfds_units` even slices of a TFDS split), numbered in input order, and unit k writes shards
 `k-PART.tfrecord` of at most --docs_per_shard documents, then a marker `k.done.json` holding its counts and what
 it was made from (the input file's size and modification time, the flags that change the shards). A rerun skips
 units whose marker matches and redoes the others from scratch: an interrupted run resumes, an input file changed
 since is prepared again, and no half-written shard is left behind (each file is written beside its name and renamed
-when whole; a unit's marker is removed before its old shards are).
-Several machines can share the work with --process_index/--process_count. Memory per worker stays bounded whatever
-the input (see `documents`: long lines are cut, tokenization goes in batches). Skipped or cut input is counted in
-the summary. The pipeline then reads DIR via `config.data.prepared_dir=DIR`.
+when whole; a unit's marker is removed before its old shards are). So the shards are a pure function of the inputs
+and flags, whichever driver ran the units: worker processes on this machine (--runner=local, the default) or an
+Apache Beam runner for many machines (`beam_prepare`; Beam's own options follow `--`). Memory per worker stays
+bounded whatever the input (see `documents`: long lines are cut, tokenization goes in batches). Skipped or cut input
+is counted, and its first places named, in DIR/summary.json. The pipeline then reads DIR via
+`config.data.prepared_dir=DIR`.
 """
 from __future__ import annotations
 
 import collections
-import io
 import itertools
 import json
 import multiprocessing
@@ -25,13 +29,14 @@ import os
 import sys
 
 import tqdm
-from absl import flags
+from absl import flags, logging
 
 from bert_jax import cli, storage
 from bert_jax.errors import UserError
 from bert_jax.input_pipeline import documents, tokenizers
 
 FLAGS = flags.FLAGS
+SUMMARY = "summary.json"
 
 
 class PrepareError(UserError, ValueError):
@@ -51,15 +56,26 @@ def tfds_builder(name: str, data_dir: str | None):
     return builder
 
 
-def read_tfds_documents(unit: dict, counts: collections.Counter):
+def read_tfds_documents(unit: dict, counts: documents.Counts):
     """Documents of one even slice of a TFDS split: each example's text, one sentence per non-empty line, read
-    like a text file's lines (long ones cut, invalid UTF-8 skipped)."""
+    like a JSON line's text (`documents.text_documents`)."""
     import tensorflow_datasets as tfds
     builder = tfds_builder(unit["name"], unit["data_dir"])
     split = tfds.even_splits(unit["split"], unit["count"])[unit["index"]]
     for i, example in enumerate(builder.as_dataset(split=split).as_numpy_iterator()):
-        lines = documents.read_lines(io.BytesIO(example[unit["text_key"]]), f"{unit['name']}[{i}]", counts)
-        yield from documents.group_documents(filter(None, lines), counts)
+        yield from documents.text_documents(example[unit["text_key"]], f"{unit_name(unit)}[{i}]", counts)
+
+
+def unit_name(unit: dict) -> str:
+    """What a unit reads, for the summary: its file, or its slice of a TFDS split."""
+    return unit.get("path") or f"{unit['name']}/{unit['split']}[slice {unit['index']} of {unit['count']}]"
+
+
+def unit_documents(unit: dict, counts: documents.Counts):
+    """The documents of one unit, as both drivers read them."""
+    if unit.get("path"):
+        return documents.read_documents(unit["path"], counts, unit.get("text_key", "text"))
+    return read_tfds_documents(unit, counts)
 
 
 def made_from(unit: dict) -> dict:
@@ -100,79 +116,142 @@ def prepare_unit(unit: dict) -> dict:
         stale.unlink()
     tokenizer = tokenizers.load_tokenizer(unit["tokenizer_kind"], unit["tokenizer"], unit["lowercase"])
     counts = documents.new_counts()
-    docs = (documents.tokenize_files([unit["path"]], tokenizer, counts) if unit.get("path")
-            else documents.tokenize_documents(read_tfds_documents(unit, counts), tokenizer, counts))
-    records = (documents.serialize(*doc) for doc in docs)
-    shards = 0
-    for first in records:  # each shard takes its first record and up to docs_per_shard - 1 more from the stream
-        storage.write_records(output / f"{prefix}-{shards:04d}.tfrecord",
-                              itertools.chain([first], itertools.islice(records, unit["docs_per_shard"] - 1)))
-        shards += 1
-    result = dict(counts, shards=shards, source=str(unit.get("path") or unit.get("name")), made_from=source)
+    try:
+        shards = write_shards(output, prefix, documents.tokenize_documents(unit_documents(unit, counts), tokenizer,
+                                                                           counts), unit["docs_per_shard"])
+    except documents.UnreadableFileError as e:  # counted and named; no marker, so that a rerun tries it again
+        logging.warning("%s; skipped (counted)", e)
+        for partial in unit_files(output, prefix):
+            partial.unlink()
+        counts = documents.new_counts()
+        counts.note("unreadable_files", str(e))
+        return unit_result(unit, counts, 0, source)
+    result = unit_result(unit, counts, shards, source)
     storage.atomic_write(marker, json.dumps(result))
     return result
 
 
+def write_shards(output: storage.Path, prefix: str, docs, docs_per_shard: int) -> int:
+    """Write tokenized documents into shards `prefix-PART.tfrecord`, each written whole then renamed; returns
+    how many."""
+    records = (documents.serialize(*doc) for doc in docs)
+    shards = 0
+    for first in records:  # each shard takes its first record and up to docs_per_shard - 1 more from the stream
+        storage.write_records(output / f"{prefix}-{shards:04d}.tfrecord",
+                              itertools.chain([first], itertools.islice(records, docs_per_shard - 1)))
+        shards += 1
+    return shards
+
+
+def unit_result(unit: dict, counts: documents.Counts, shards: int, source: dict) -> dict:
+    """A unit's counts and where its skips happened (file:line where known, else the unit's input)."""
+    name = unit_name(unit)
+    where = {k: counts.where.get(k) or [name] for k in documents.SKIP_COUNTS if counts[k]}
+    return dict(counts, shards=shards, where=where, source=name, made_from=source)
+
+
+def prepare_one(unit: dict) -> tuple[int, dict]:
+    """(unit id, result): what either driver collects for `summarize`."""
+    return unit["id"], prepare_unit(unit)
+
+
+def summarize(results) -> dict:
+    """The job's summary from its units' (id, result) pairs, in unit order whatever order they finished in: summed
+    counts and the first MAX_NAMED places of each kind of skip."""
+    totals, where = collections.Counter(), {}
+    for _, result in sorted(results, key=lambda pair: pair[0]):
+        totals.update({k: v for k, v in result.items() if isinstance(v, int)})
+        for kind, places in result.get("where", {}).items():
+            where[kind] = (where.get(kind, []) + places)[:documents.MAX_NAMED]
+    return dict(totals, where=where)
+
+
+def save_summary(summary: dict, output: str) -> dict:
+    """Write DIR/summary.json (by the driver: this process, or a Beam worker)."""
+    storage.atomic_write(storage.as_path(output) / SUMMARY, json.dumps(summary, indent=1))
+    return summary
+
+
 def work_units(inputs: list[str], output: storage.PathLike, tokenizer: str, tokenizer_kind: str, lowercase: bool,
-               docs_per_shard: int, tfds: dict | None) -> list[dict]:
-    """All units of the job, numbered the same on every machine; creates the output folder and checks that it can
-    be written (a missing bucket or permission fails here, once, not in every worker)."""
+               docs_per_shard: int, tfds: dict | None, text_key: str = "text") -> list[dict]:
+    """All units of the job, numbered in input order (a glob's matches sorted); creates the output folder and
+    checks that it can be written (a missing bucket or permission fails here, once, not in every worker)."""
     common = dict(output=str(output), tokenizer=tokenizer, tokenizer_kind=tokenizer_kind, lowercase=lowercase,
                   docs_per_shard=docs_per_shard)
     if tfds:
         tfds_builder(tfds["name"], tfds["data_dir"])  # fail now, not in a worker
         units = [dict(common, id=i, index=i, **tfds) for i in range(tfds["count"])]
     else:
-        documents.require_files(inputs, "prepare FILES")
-        units = [dict(common, id=i, path=str(f)) for i, f in enumerate(inputs)]
+        files = expand_inputs(inputs)
+        units = [dict(common, id=i, path=str(f), **({"text_key": text_key} if documents.is_json_lines(f) else {}))
+                 for i, f in enumerate(files)]
     storage.check_writable(output)
     return units
 
 
-def prepare(units: list[dict], num_workers: int, process_index: int = 0, process_count: int = 1) -> dict:
-    """Run this machine's share of the units; returns the summed counts of all of them."""
-    mine = units[process_index::process_count]
-    totals = collections.Counter()
-    progress = tqdm.tqdm(total=len(mine), unit="unit", desc="prepare", file=sys.stderr)
-    if num_workers > 1 and len(mine) > 1:
+def expand_inputs(inputs: list[str]) -> list[str]:
+    """FILES with each glob (local or gs://, quoted so that the shell leaves it) replaced by its sorted matches."""
+    files = [f for i in inputs for f in (documents.expand_patterns(i, "prepare FILES") if _is_glob(i) else [i])]
+    documents.require_files(files, "prepare FILES")
+    return [str(f) for f in files]
+
+
+def _is_glob(path: str) -> bool:
+    return any(c in path for c in "*?[")
+
+
+def prepare(units: list[dict], num_workers: int) -> dict:
+    """Run the units in worker processes on this machine (the local driver); returns the job's summary."""
+    results, totals = [], collections.Counter()
+    progress = tqdm.tqdm(total=len(units), unit="unit", desc="prepare", file=sys.stderr)
+    if num_workers > 1 and len(units) > 1:
         # spawn: TensorFlow and the Rust tokenizers are not fork-safe once initialised.
-        with multiprocessing.get_context("spawn").Pool(min(num_workers, len(mine))) as pool:
-            results = pool.imap_unordered(prepare_unit, mine)
-            for result in results:
-                _add(totals, result, progress)
+        with multiprocessing.get_context("spawn").Pool(min(num_workers, len(units))) as pool:
+            for result in pool.imap_unordered(prepare_one, units):
+                _add(results, totals, result, progress)
     else:
-        for unit in mine:
-            _add(totals, prepare_unit(unit), progress)
+        for unit in units:
+            _add(results, totals, prepare_one(unit), progress)
     progress.close()
-    return dict(totals)
+    return summarize(results)
 
 
-def _add(totals, result, progress):
-    totals.update({k: v for k, v in result.items() if isinstance(v, int)})
+def _add(results, totals, result, progress):
+    results.append(result)
+    totals.update(documents=result[1]["documents"], tokens=result[1]["tokens"])
     progress.update(1)
     progress.set_postfix(documents=totals["documents"], tokens=totals["tokens"])
 
 
 def main(argv):
-    prepare_from_flags(argv[1:])
+    beam_options = [a for a in argv[1:] if a.startswith("--")]  # absl leaves only what follows `--` as flags
+    prepare_from_flags([a for a in argv[1:] if not a.startswith("--")], beam_options)
 
 
-def prepare_from_flags(inputs: list[str]) -> None:
-    """The command: check the tokenizer and output, prepare this machine's units, write its summary."""
+def prepare_from_flags(inputs: list[str], beam_options: list[str]) -> None:
+    """The command: check the tokenizer and output, run the units on the chosen driver, print the summary."""
+    if beam_options and FLAGS.runner == "local":
+        raise PrepareError(f"{beam_options[0]}: Beam options (after --) need a Beam runner, e.g. "
+                           "--runner=DirectRunner; the local driver takes none")
     kind = FLAGS.tokenizer_kind or tokenizers.infer_kind(FLAGS.tokenizer)
     tokenizers.load_tokenizer(kind, FLAGS.tokenizer, FLAGS.lowercase)  # a bad vocabulary fails before any work
     tokenizer = storage.as_path(FLAGS.tokenizer)
     tokenizer = tokenizer if storage.is_remote(tokenizer) else tokenizer.resolve()  # units carry it absolute
     output = storage.as_path(FLAGS.output)
     tfds = FLAGS.tfds and dict(name=FLAGS.tfds, split=FLAGS.tfds_split, data_dir=FLAGS.tfds_data_dir,
-                               text_key=FLAGS.tfds_text_key, count=FLAGS.tfds_units)
-    units = work_units(inputs, output, str(tokenizer), kind, FLAGS.lowercase, FLAGS.docs_per_shard, tfds or None)
-    totals = prepare(units, FLAGS.num_workers, FLAGS.process_index, FLAGS.process_count)
-    if FLAGS.process_count == 1:
-        sources = documents.plural(len(units), "TFDS slice" if tfds else "file")
-        documents.check_enough_documents(collections.Counter(totals), 1, sources, "prepare")
-    storage.atomic_write(output / f"summary-{FLAGS.process_index:03d}.json", json.dumps(totals, indent=1))
-    print("summary: " + ", ".join(f"{k}={v}" for k, v in totals.items()))
+                               text_key=FLAGS.text_key, count=FLAGS.tfds_units)
+    units = work_units(inputs, output, str(tokenizer), kind, FLAGS.lowercase, FLAGS.docs_per_shard, tfds or None,
+                       FLAGS.text_key)
+    if FLAGS.runner == "local":
+        summary = save_summary(prepare(units, FLAGS.num_workers), str(output))
+    else:
+        from bert_jax.input_pipeline import beam_prepare  # imported here: Beam is an optional extra
+        summary = beam_prepare.run(units, FLAGS.runner, beam_options)
+    print("summary: " + ", ".join(f"{k}={v}" for k, v in summary.items() if isinstance(v, int)))
+    for kind, places in summary["where"].items():
+        print(f"  {kind}: {', '.join(places)}")
+    sources = documents.plural(len(units), "TFDS slice" if tfds else "file")
+    documents.check_enough_documents(collections.Counter(summary), 1, sources, "prepare")
 
 
 def define_flags():
@@ -181,14 +260,15 @@ def define_flags():
     flags.DEFINE_enum("tokenizer_kind", None, tokenizers.KINDS, "Tokenizer kind; by default from the path's name.")
     flags.DEFINE_bool("lowercase", True, "Wordpiece only: lowercase text (uncased vocabularies).")
     flags.DEFINE_string("output", None, "Folder for the shards, local or gs:// (created; a rerun resumes in it).")
-    flags.DEFINE_integer("num_workers", max(1, (os.cpu_count() or 1)), "Worker processes on this machine.")
+    flags.DEFINE_string("runner", "local", "local (worker processes on this machine) or a Beam runner: "
+                        "DirectRunner, DataflowRunner, FlinkRunner, SparkRunner; Beam's options follow `--`.")
+    flags.DEFINE_integer("num_workers", max(1, (os.cpu_count() or 1)), "Local driver: worker processes.")
     flags.DEFINE_integer("docs_per_shard", 50_000, "Documents per output shard.")
-    flags.DEFINE_integer("process_index", 0, "This machine's index when several share the work.")
-    flags.DEFINE_integer("process_count", 1, "How many machines share the work.")
+    flags.DEFINE_string("text_key", "text", "The field with the text in JSON lines and TFDS examples; its lines are "
+                        "the sentences.")
     flags.DEFINE_string("tfds", None, "A TFDS dataset name to read instead of text files (must be prepared locally).")
     flags.DEFINE_string("tfds_split", "train", "TFDS split.")
     flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir holding the prepared dataset.")
-    flags.DEFINE_string("tfds_text_key", "text", "TFDS feature with the text; its lines are the sentences.")
     flags.DEFINE_integer("tfds_units", 64, "How many even slices of the TFDS split to process as separate units.")
     flags.mark_flags_as_required(["tokenizer", "output"])
 

@@ -4,8 +4,11 @@
         --output=DIR FILES...
 
 Outputs: wordpiece -> DIR/vocab.txt; sentencepiece -> DIR/spiece.model (+ .vocab); bpe -> DIR/vocab.json + merges.txt.
-FILES and DIR may be local or gs://. The text is read as `prepare` reads it (documents.file_lines: memory bounded,
-long lines cut, invalid UTF-8 skipped, each counted and reported); the files are written locally, then copied out.
+FILES and DIR may be local or gs://, text or JSON lines (--text_key), maybe compressed. The text is read as `prepare`
+reads it (documents.read_documents: long lines cut, invalid UTF-8 skipped, each counted and reported), and the
+tokenizer learns from a uniform random sample of --sample_sentences of its sentences drawn in one pass (reservoir
+sampling, the same for the same --seed), so memory holds the sample whatever the corpus (160 GB included); the files
+are written locally, then copied out.
 Special ids: wordpiece [PAD]=0 [UNK]=1 [CLS]=2 [SEP]=3 [MASK]=4; sentencepiece <pad>=0 <unk>=1 [CLS]=2 [SEP]=3
 [MASK]=4 (ALBERT's layout); bpe <s>=0 <pad>=1 </s>=2 <unk>=3 <mask>=4 (RoBERTa's layout).
 """
@@ -13,9 +16,10 @@ from __future__ import annotations
 
 import collections
 import os
+import random
 import sys
 import tempfile
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import sentencepiece
 import tokenizers
@@ -28,26 +32,41 @@ from bert_jax.input_pipeline import tokenizers as tokenizers_lib
 FLAGS = flags.FLAGS
 # What `load_tokenizer` opens, in the output folder ("": the folder itself).
 OPENED = {"wordpiece": "vocab.txt", "sentencepiece": "spiece.model", "bpe": ""}
+SAMPLE_SENTENCES = 2_000_000  # ~300 MB of sentences; as many as sentencepiece's own default sample
 
 
 def train(kind: str, files: list[storage.PathLike], vocab_size: int, output: storage.PathLike,
-          lowercase: bool = True, counts: collections.Counter | None = None) -> storage.Path:
-    """Train in a local folder, then copy the files to `output`; returns the path `load_tokenizer(kind, path)`
-    opens. Skipped or cut input is added to `counts`."""
+          lowercase: bool = True, counts: collections.Counter | None = None, sample_size: int = SAMPLE_SENTENCES,
+          seed: int = 0, text_key: str = "text") -> storage.Path:
+    """Train in a local folder on a sample of the sentences, then copy the files to `output`; returns the path
+    `load_tokenizer(kind, path)` opens. Skipped or cut input is added to `counts`."""
     documents.require_files(files, "train_tokenizer FILES")
     output = storage.make_dirs(output)
     counts = documents.new_counts() if counts is None else counts
+    sample = sample_sentences(text_lines(files, counts, text_key), sample_size, seed)
     with tempfile.TemporaryDirectory(prefix="bert_jax-tokenizer-") as folder:
-        _train(kind, text_lines(files, counts), vocab_size, folder, lowercase)
+        _train(kind, iter(sample), vocab_size, folder, lowercase)
         for name in sorted(os.listdir(folder)):
             with open(os.path.join(folder, name), "rb") as f:
                 storage.atomic_write(output / name, f.read())
     return output / OPENED[kind]
 
 
-def text_lines(files: list[storage.PathLike], counts: collections.Counter) -> Iterator[str]:
-    """The non-blank lines of all files, one at a time."""
-    return (line for f in files for line in documents.file_lines(f, counts) if line)
+def text_lines(files: list[storage.PathLike], counts: collections.Counter, text_key: str = "text") -> Iterator[str]:
+    """The sentences (non-blank lines) of all files' documents, one at a time."""
+    return (line for f in files for doc in documents.read_documents(f, counts, text_key) for line in doc)
+
+
+def sample_sentences(sentences: Iterable[str], size: int, seed: int) -> list[str]:
+    """A uniform random sample of `size` sentences (all of them, in order, when there are fewer) drawn in one pass
+    that holds only the sample (reservoir sampling, Algorithm R); the same for the same sentences and seed."""
+    rng, sample = random.Random(seed), []
+    for i, sentence in enumerate(sentences):
+        if i < size:
+            sample.append(sentence)
+        elif (j := rng.randrange(i + 1)) < size:
+            sample[j] = sentence
+    return sample
 
 
 def _train(kind: str, lines: Iterator[str], vocab_size: int, output: str, lowercase: bool) -> None:
@@ -65,14 +84,14 @@ def _train(kind: str, lines: Iterator[str], vocab_size: int, output: str, lowerc
         model_type="unigram", pad_id=0, unk_id=1, bos_id=-1, eos_id=-1, pad_piece=pad, unk_piece=unk,
         control_symbols=control,
         normalization_rule_name="nmt_nfkc_cf" if lowercase else "nmt_nfkc",
-        # Bounded memory on large corpora: sample at most this many lines, each at most one piece of a long line.
-        input_sentence_size=2_000_000, shuffle_input_sentence=True, max_sentence_length=documents.MAX_LINE_BYTES,
+        max_sentence_length=documents.MAX_LINE_BYTES,  # a piece of a long line at most; the sample is all read
         minloglevel=2)
 
 
 def main(argv):
     counts = documents.new_counts()
-    path = train(FLAGS.kind, argv[1:], FLAGS.vocab_size, FLAGS.output, FLAGS.lowercase, counts)
+    path = train(FLAGS.kind, argv[1:], FLAGS.vocab_size, FLAGS.output, FLAGS.lowercase, counts,
+                 FLAGS.sample_sentences, FLAGS.seed, FLAGS.text_key)
     tokenizer = tokenizers_lib.load_tokenizer(FLAGS.kind, path)
     skipped = {k: counts[k] for k in documents.SKIP_COUNTS if counts[k]}
     print(f"wrote {path}: vocab_size={tokenizer.vocab_size} special ids {tokenizer.special}; skipped or cut: "
@@ -85,6 +104,9 @@ def define_flags():
     flags.DEFINE_integer("vocab_size", None, "Vocabulary size, special tokens included.")
     flags.DEFINE_string("output", None, "Folder to write the tokenizer files into, local or gs://.")
     flags.DEFINE_bool("lowercase", True, "Lowercase text (wordpiece: in the normalizer; sentencepiece: case folding).")
+    flags.DEFINE_integer("sample_sentences", SAMPLE_SENTENCES, "Train on a uniform sample of this many sentences.")
+    flags.DEFINE_integer("seed", 0, "Seed of the sample.")
+    flags.DEFINE_string("text_key", "text", "The field with the text in JSON-lines inputs (*.jsonl, *.json).")
     flags.mark_flags_as_required(["kind", "vocab_size", "output"])
 
 

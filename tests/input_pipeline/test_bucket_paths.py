@@ -62,7 +62,7 @@ def test_prepare_from_bucket_to_bucket_writes_the_local_bytes(prepared):
     assert [p.name for p in storage.glob(f"{remote}/*.tfrecord")] == shards
     for name in shards:
         assert storage.as_path(f"{remote}/{name}").read_bytes() == (local / name).read_bytes(), name
-    assert json.loads(storage.as_path(f"{remote}/summary-000.json").read_text()) == totals
+    assert json.loads(storage.as_path(f"{remote}/summary.json").read_text()) == totals
     assert not [p for p in storage.as_path(remote).iterdir() if ".tmp" in p.name]
 
 

@@ -1,4 +1,7 @@
-"""prepare: shards that the pipeline reads like the text itself, counted skips of bad input, resume, TFDS errors."""
+"""prepare: shards that the pipeline reads like the text itself, counted skips of bad input, resume, TFDS errors,
+compressed and JSON-lines inputs."""
+import bz2
+import gzip
 import json
 import os
 import subprocess
@@ -31,6 +34,82 @@ def messy_inputs(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("\n\n")
     return [good, bad_utf8, empty]
+
+
+def first_documents(path, size: int) -> str:
+    """The documents of a bundled book in its first `size` characters or so (cut at a blank line)."""
+    return path.read_text(encoding="utf-8")[:size].rsplit("\n\n", 1)[0] + "\n"
+
+
+def mixed_inputs(folder):
+    """Every input format (text, .gz, .bz2, JSON lines) and every kind of bad input but an over-long JSON record
+    (tested below), as globs a user would give; test_beam runs them on the Beam runners."""
+    folder.mkdir(exist_ok=True)
+    (folder / "brown.txt").write_text(first_documents(CORPUS[0], 40_000), encoding="utf-8")
+    (folder / "persuasion.txt.gz").write_bytes(gzip.compress(first_documents(CORPUS[1], 40_000).encode()))
+    (folder / "sense.txt.bz2").write_bytes(bz2.compress(first_documents(CORPUS[2], 40_000).encode()))
+    texts = first_documents(CORPUS[0], 90_000)[40_000:].split("\n\n")
+    records = [{"text": text, "url": f"u{i}"} for i, text in enumerate(texts) if text.strip()]
+    lines = [json.dumps(r) for r in records] + ['{"url": "no text"}', "not json", '{"text": ""}',
+                                                '{"text": "One sentence alone."}']
+    (folder / "pages.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (folder / "messy.txt").write_bytes(b"A fine line.\n\xff\xfe broken bytes\nAnother fine line.\n\n"
+                                       + b"word " * 20_000 + b"\nAnd ends.\n")
+    (folder / "empty.txt").write_text("\n\n")
+    (folder / "broken.txt.gz").write_bytes(b"this is not gzip data")
+    return [str(folder / "*.txt*"), str(folder / "pages.jsonl")]
+
+
+def test_formats_and_bad_input_are_counted_and_named(tmp_path):
+    inputs = mixed_inputs(tmp_path / "in")
+    job = prepare.work_units(inputs, tmp_path / "out", VOCAB, "wordpiece", True, 1, None)
+    assert [os.path.basename(u["path"]) for u in job] == [
+        "broken.txt.gz", "brown.txt", "empty.txt", "messy.txt", "persuasion.txt.gz", "sense.txt.bz2", "pages.jsonl"]
+    summary = prepare.prepare(job, num_workers=1)
+    skipped = {k: v for k, v in summary.items() if k in documents.SKIP_COUNTS and v}
+    assert skipped == dict(unreadable_files=1, empty_files=1, invalid_utf8_lines=1, long_lines_split=1,
+                           invalid_records=2, empty_records=1, one_sentence_documents=1)
+    assert summary["documents"] == summary["shards"] == 12
+    folder = tmp_path / "in"
+    assert summary["where"]["unreadable_files"][0].startswith(f"{folder}/broken.txt.gz: cannot read it")
+    assert summary["where"]["invalid_utf8_lines"] == [f"{folder}/messy.txt:2"]
+    assert summary["where"]["long_lines_split"] == [f"{folder}/messy.txt:5"]
+    records = len((folder / "pages.jsonl").read_text().splitlines()) - 4
+    assert summary["where"]["invalid_records"] == [f"{folder}/pages.jsonl:{records + n}" for n in (1, 2)]
+    assert summary["where"]["empty_records"] == [f"{folder}/pages.jsonl:{records + 3}"]
+    assert summary["where"]["one_sentence_documents"] == [f"{folder}/pages.jsonl"]
+    assert not list((tmp_path / "out").glob("00000*"))  # the unreadable file: no shards, no marker
+    # Compressed and JSON-lines inputs give the documents of the same text in a plain file.
+    (tmp_path / "plain").mkdir()
+    for name, book, size in [("persuasion.txt", CORPUS[1], 40_000), ("sense.txt", CORPUS[2], 40_000)]:
+        (tmp_path / "plain" / name).write_text(first_documents(book, size), encoding="utf-8")
+    records = [json.loads(line) for line in (folder / "pages.jsonl").read_text().splitlines()[:-4]]
+    (tmp_path / "plain" / "pages.txt").write_text("\n\n".join(r["text"] for r in records), encoding="utf-8")
+    plain = prepare.work_units([str(tmp_path / "plain" / n) for n in ("persuasion.txt", "sense.txt", "pages.txt")],
+                               tmp_path / "plain_out", VOCAB, "wordpiece", True, 1, None)
+    prepare.prepare(plain, num_workers=1)
+    for unit, plain_unit in [("00004", "00000"), ("00005", "00001"), ("00006", "00002")]:
+        assert shard_documents(tmp_path / "out", unit) == shard_documents(tmp_path / "plain_out", plain_unit) != []
+
+
+def test_an_over_long_json_record_is_skipped_and_the_next_one_read(tmp_path, monkeypatch):
+    monkeypatch.setattr(documents, "MAX_RECORD_BYTES", 64)
+    path = tmp_path / "pages.jsonl"
+    path.write_text(json.dumps({"text": "word " * 100}) + "\n" + json.dumps({"text": "First one.\nSecond one."}) + "\n")
+    counts = documents.new_counts()
+    assert list(documents.read_documents(path, counts)) == [["First one.", "Second one."]]
+    assert counts["long_records_skipped"] == 1 and counts.where["long_records_skipped"] == [f"{path}:1"]
+
+
+def shard_documents(folder, unit):
+    return [(t.tolist(), s.tolist()) for t, s in documents.read_shards(sorted(folder.glob(f"{unit}-*.tfrecord")))]
+
+
+def test_a_beam_runner_without_beam_is_one_line(tmp_path, monkeypatch):
+    from bert_jax.input_pipeline import beam_prepare
+    monkeypatch.setitem(sys.modules, "apache_beam", None)  # as where the extra is not installed
+    with pytest.raises(prepare.PrepareError, match=r"--runner=DirectRunner needs Apache Beam: pip install"):
+        beam_prepare.run(units(CORPUS[:1], tmp_path), "DirectRunner", [])
 
 
 def test_bad_input_is_counted(messy_inputs, tmp_path):
@@ -70,7 +149,7 @@ def test_cli_in_parallel_with_summary(tmp_path):
                              f"--output={out}", "--num_workers=2", *map(str, CORPUS[:2])],
                             capture_output=True, text=True, env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
-    summary = json.loads((out / "summary-000.json").read_text())
+    summary = json.loads((out / "summary.json").read_text())
     assert summary["documents"] == 74 and summary["shards"] == 2 and summary["tokens"] > 200_000
     assert "summary: documents=74" in result.stdout and "prepare: 100%" in result.stderr
 
