@@ -1,7 +1,5 @@
 # make test: create .venv if missing, install bert_jax with its test extras, run the suite.
 # make lint: ruff over the repository (ruff.toml); CI runs it before the tests.
-# make test-beam: the Beam prepare tests, in .venv-beam (apache-beam pins an older protobuf than .venv's, so it gets
-#   an environment of its own; see docs/data.md).
 # make train: create .venv if missing, install bert_jax, pretrain a tiny BERT on the bundled corpus (runs/bert-tiny).
 # make bench: run the CPU benchmarks against transformers and write benchmarks/RESULTS.md.
 VENV ?= .venv
@@ -10,7 +8,7 @@ PY := $(VENV)/bin/python
 TRAIN_WORKDIR ?= runs/bert-tiny
 TRAIN_FLAGS ?=
 
-.PHONY: test lint test-beam train bench
+.PHONY: test lint train bench
 
 $(VENV)/.installed: setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,16 +21,6 @@ test: $(VENV)/.installed
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
-
-BEAM_VENV ?= .venv-beam
-$(BEAM_VENV)/.installed: setup.py
-	test -x $(BEAM_VENV)/bin/python || $(PYTHON) -m venv $(BEAM_VENV)
-	$(BEAM_VENV)/bin/python -m pip install -q --upgrade pip
-	$(BEAM_VENV)/bin/python -m pip install -q -e '.[beam]' 'pytest>=8'
-	touch $@
-
-test-beam: $(BEAM_VENV)/.installed
-	$(BEAM_VENV)/bin/python -m pytest -q tests/input_pipeline/test_beam.py
 
 bench: $(VENV)/.installed
 	TF_CPP_MIN_LOG_LEVEL=2 $(PY) benchmarks/run_all.py

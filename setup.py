@@ -29,6 +29,7 @@ setup(
         "test": [
             "pytest>=8",
             "ruff>=0.17,<0.18",  # `make lint` (ruff.toml)
+            "apache-beam>=2.70",  # tests/input_pipeline/test_beam.py: the Beam prepare driver
             "gcp-storage-emulator>=2024.8",  # a GCS server on localhost for the bucket tests (tests/gcs_server.py)
             "torch==2.13.0",
             "transformers>=5.0",
@@ -38,8 +39,8 @@ setup(
             "nbformat>=5.11",
             "ipykernel>=7.4",
         ],
-        # prepare --runner=DirectRunner|DataflowRunner|...: Beam pins protobuf<7, so it gets its own environment
-        # (docs/data.md); DataflowRunner wants apache-beam[gcp].
+        # prepare --runner=DirectRunner|DataflowRunner|...; it pins protobuf<7, which TensorFlow accepts
+        # (docs/data.md). DataflowRunner wants apache-beam[gcp].
         "beam": ["apache-beam>=2.70"],
         "gpu": ["jax[cuda12]>=0.10"],
         "tpu": ["jax[tpu]>=0.10"],

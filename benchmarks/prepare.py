@@ -5,10 +5,10 @@
 
 The corpus (data/corpus/*.txt, 1.5 MB) is repeated into --files text files of size_mb/files MB each (one unit
 each). Each driver runs as the `prepare` command in its own subprocess with --workers worker processes
-(DirectRunner: direct_running_mode=multi_processing); Beam runs under --beam_python, a Python with the `beam` extra
-(its own environment, docs/data.md), and is left out when that has no Beam. Per driver: wall seconds, MB/s of text
-and tokens/s (start-up included); CPU seconds of the whole process tree and MB per CPU second, the figure that
-holds on a machine shared with other work and that sizes a cluster; and two memory peaks: the largest single
+(DirectRunner: direct_running_mode=multi_processing); Beam runs under --beam_python (this Python by default), which
+needs the `beam` extra (docs/data.md); the DirectRunner is left out when it has no Beam. Per driver: wall seconds,
+MB/s of text and tokens/s (start-up included); CPU seconds of the whole process tree and MB per CPU second, the
+figure that holds on a machine shared with other work and that sizes a cluster; and two memory peaks: the largest single
 process (ru_maxrss of the children, via os.wait4) and the whole process tree (the sum of its RSS, sampled every
 0.2 s). The profile tokenizes --profile_mb
 in this process, one core, to split one worker's time into reading text, tokenizing, and serializing + writing.

@@ -24,8 +24,8 @@ def run(units: list[dict], runner: str, beam_options: list[str]) -> dict:
         import apache_beam as beam
         from apache_beam.options.pipeline_options import PipelineOptions
     except ImportError as e:
-        raise prepare.PrepareError(f"--runner={runner} needs Apache Beam: pip install 'bert_jax[beam]' (in an "
-                                   "environment of its own, see docs/data.md), or use --runner=local") from e
+        raise prepare.PrepareError(f"--runner={runner} needs Apache Beam: pip install -e '.[beam]' (docs/data.md), "
+                                   "or use --runner=local") from e
     output = units[0]["output"]
     with beam.Pipeline(options=PipelineOptions(beam_options, runner=runner)) as pipeline:
         _ = (pipeline

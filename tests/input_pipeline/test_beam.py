@@ -1,7 +1,7 @@
 """prepare on Apache Beam: the DirectRunner, in this process and on two worker processes, writes the local driver's
 shards and markers byte for byte and its summary (counts and named bad input), and a unit's leftovers from a failed
-attempt are replaced. Skipped where the `beam` extra is not installed: it wants an environment of its own
-(docs/data.md)."""
+attempt are replaced. Skipped where the `beam` extra is not installed (the test extra includes it, so CI
+runs it; docs/data.md)."""
 import json
 import os
 import subprocess
