@@ -16,7 +16,7 @@ import bert_jax
 from bert_jax import config_lib, modeling, sharding, state_dict, train
 from bert_jax.init_from import InitFromError, initial_params, resolve
 from bert_jax.input_pipeline import tokenizers
-from bert_jax.pretrained import Pretrained, head_of
+from bert_jax.pretrained import Pretrained
 
 TINY = dict(vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
             max_position_embeddings=32)
@@ -30,11 +30,11 @@ def tiny_tokenizer(tmp_path_factory):
     return tokenizers.load_tokenizer("wordpiece", vocab)
 
 
-def save_random(path, family, task, tokenizer=None, seed=0, fmt="hf", **sizes):
-    """A randomly initialised checkpoint of `task`, as save_pretrained writes it; returns its params (unscanned)."""
+def save_random(path, family, head, tokenizer=None, seed=0, fmt="hf", **sizes):
+    """A randomly initialised checkpoint of `head`, as save_pretrained writes it; returns its params (unscanned)."""
     model = config_lib.model_config(family, **sizes)
-    params = modeling.init_params(state_dict.model_for_head(model, head_of(task)), jax.random.key(seed))
-    bert_jax.save_pretrained(Pretrained(config=model, task=task, params=params, tokenizer=tokenizer), path, format=fmt)
+    params = modeling.init_params(modeling.model_for_head(model, head), jax.random.key(seed))
+    bert_jax.save_pretrained(Pretrained(config=model, head=head, params=params, tokenizer=tokenizer), path, format=fmt)
     return jax.tree.map(np.asarray, params)
 
 
@@ -209,7 +209,10 @@ def test_continued_pretraining_from_minilm_learns_faster_and_keeps_its_sentence_
     config = training_config("bert", minilm, **{
         "data.seq_length": 64, "data.batch_size": 8, "total_steps": 16, "log_every_steps": 1, "eval_every_steps": 0,
         "checkpoint_every_steps": 16, "optimizer.learning_rate": 3e-5, "optimizer.warmup_steps": 2,
-        "peak_flops": 1e9})
+        "peak_flops": 1e9,
+        # Parameters and Adam state sharded over the 8 test devices rather than replicated on each: the 22M-parameter
+        # update runs once instead of 8 times, and a step takes about 30% less on CPU. Same batches, same model.
+        "mesh.data": 1, "mesh.fsdp": 8})
     train.train_and_evaluate(config, str(tmp_path / "continued"))
     random_start, _ = resolve(config)  # MiniLM's architecture and tokenizer, without its weights
     with random_start.unlocked():
