@@ -125,7 +125,8 @@ def check_vocabulary(config: ml_collections.ConfigDict) -> None:
 def check_seq_length(config: ml_collections.ConfigDict) -> None:
     """The training sequences must fit the checkpoint's position table."""
     positions = max_tokens(config.model)
-    offset = " (they start after pad_token_id + 1)" if families.of(config.model).position_offset else ""
+    family = families.of(config.model)
+    offset = f" ({family.title}'s start after pad_token_id + 1)" if family.position_offset else ""
     if config.data.seq_length > positions:
         raise InitFromError(f"config.data.seq_length={config.data.seq_length} is longer than the {positions} "
                             f"positions of config.init_from={config.init_from}"
