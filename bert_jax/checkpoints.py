@@ -15,6 +15,7 @@ import logging as std_logging
 import os
 import re
 import sys
+import threading
 import traceback
 
 import jax
@@ -59,9 +60,13 @@ def split_state(state: dict) -> tuple[dict, dict]:
 
 def quiet_reported_orbax_errors() -> None:
     """Leave out of the log and stderr what Orbax and TensorStore print about a failed save or read, which reaches
-    the caller as one error; once per process."""
-    for logger in ("absl", "asyncio"):
-        std_logging.getLogger(logger).addFilter(without_orbax_tracebacks)
+    the caller as one error; once per process. Records are filtered where they are written (the root logger's
+    handlers, which absl's is one of, and the loggers Orbax's work reports through), so that none slips past on a
+    path of its own: asyncio's unretrieved tasks, concurrent.futures' callbacks, threads that end in an error."""
+    loggers = [std_logging.getLogger(name) for name in ("absl", "asyncio", "concurrent.futures")]
+    for filtered in [*loggers, *std_logging.getLogger().handlers]:
+        if without_orbax_tracebacks not in filtered.filters:
+            filtered.addFilter(without_orbax_tracebacks)
     if not getattr(sys.unraisablehook, "drops_abandoned_async_work", False):
         previous = sys.unraisablehook
 
@@ -71,6 +76,15 @@ def quiet_reported_orbax_errors() -> None:
 
         hook.drops_abandoned_async_work = True
         sys.unraisablehook = hook
+    if not getattr(threading.excepthook, "drops_orbax_errors", False):
+        previous_thread_hook = threading.excepthook
+
+        def thread_hook(args):
+            if logging.level_info() or not passes_through_orbax(args.exc_traceback):
+                previous_thread_hook(args)
+
+        thread_hook.drops_orbax_errors = True
+        threading.excepthook = thread_hook
 
 
 def is_abandoned_async_work(unraisable) -> bool:
@@ -90,14 +104,20 @@ def without_orbax_tracebacks(record: std_logging.LogRecord) -> bool:
     asyncio logs the same error again for each of Orbax's write tasks nobody awaited ("Task exception was never
     retrieved"): hundreds of lines for a full disk, burying the cause, which reaches the caller as one SaveError.
     Those records are kept when absl logs at INFO (--verbosity)."""
-    return not (record.exc_info and from_orbax(record) and not logging.level_info())
+    printed_trace = record.exc_info or "Traceback (most recent call last)" in record.getMessage()
+    return not (printed_trace and from_orbax(record) and not logging.level_info())
 
 
 def from_orbax(record: std_logging.LogRecord) -> bool:
     """Whether a log record with a traceback was written by Orbax or is about an error raised inside Orbax."""
-    orbax_folder = f"{os.sep}orbax{os.sep}"
-    frames = traceback.extract_tb(record.exc_info[2]) if record.exc_info[2] else []
-    return orbax_folder in record.pathname or any(orbax_folder in frame.filename for frame in frames)
+    return (f"{os.sep}orbax{os.sep}" in record.pathname
+            or bool(record.exc_info) and passes_through_orbax(record.exc_info[2]))
+
+
+def passes_through_orbax(trace) -> bool:
+    """Whether a traceback has a frame in Orbax's code."""
+    return trace is not None and any(f"{os.sep}orbax{os.sep}" in frame.filename
+                                     for frame in traceback.extract_tb(trace))
 
 
 def save(manager: ocp.CheckpointManager, step: int, state: dict) -> None:

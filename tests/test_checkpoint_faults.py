@@ -11,6 +11,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import jax
@@ -207,6 +208,24 @@ def test_asyncio_reports_of_failed_orbax_writes_are_left_out():
     asyncio_logger = logging.getLogger("asyncio")
     assert not asyncio_logger.filter(record_of_error_raised_in(f"{os.sep}site-packages{os.sep}orbax{os.sep}w.py"))
     assert asyncio_logger.filter(record_of_error_raised_in(f"{os.sep}elsewhere{os.sep}user_code.py"))
+
+
+def test_thread_errors_inside_orbax_are_left_out(monkeypatch):
+    """A save thread that ends in Orbax's error is not reported (no traceback); any other thread's error is."""
+    reported = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: reported.append(args.exc_traceback.tb_frame.f_code))
+
+    def thread_raising_in(filename: str) -> None:
+        code = compile("raise OSError('No space left on device')", filename, "exec")
+        thread = threading.Thread(target=exec, args=(code, {}))
+        thread.start()
+        thread.join()
+
+    checkpoints.quiet_reported_orbax_errors()
+    thread_raising_in(f"{os.sep}site-packages{os.sep}orbax{os.sep}w.py")
+    assert reported == []
+    thread_raising_in(f"{os.sep}elsewhere{os.sep}user_code.py")
+    assert len(reported) == 1
 
 
 def test_kill_during_save_keeps_the_previous_step(tmp_path):
