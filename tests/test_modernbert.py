@@ -73,6 +73,13 @@ def params_to_torch_state(params, config, head: str) -> dict:
     return {name: torch.tensor(array) for name, array in state_dict.params_to_hf(params, config, head).items()}
 
 
+def random_backbone(hf_config):
+    """A random ModernBertModel, our config of it, and its weights as bert_jax params."""
+    torch_model = randomize(transformers.ModernBertModel(hf_config))
+    config = our_config(hf_config)
+    return torch_model, config, params_from_torch(torch_model, config, "backbone")
+
+
 def torch_run(torch_model, input_ids, attention_mask):
     with torch.no_grad():
         out = torch_model(input_ids=torch.from_numpy(input_ids), attention_mask=torch.from_numpy(attention_mask))
@@ -95,9 +102,7 @@ def tiny():
 @pytest.mark.parametrize("attn_implementation,biases", [("eager", False), ("sdpa", False), ("eager", True)])
 def test_backbone_matches_transformers(attn_implementation, biases):
     hf_config = hf_small_config(attn_implementation, biases)
-    torch_model = randomize(transformers.ModernBertModel(hf_config))
-    config = our_config(hf_config)
-    params = params_from_torch(torch_model, config, "backbone")
+    torch_model, config, params = random_backbone(hf_config)
     input_ids, attention_mask = batch()
     ours = modernbert.Encoder(config).apply({"params": params}, input_ids, attention_mask)["last_hidden_state"]
     assert max_error(ours, torch_run(torch_model, input_ids, attention_mask), attention_mask) < ATOL
@@ -106,9 +111,7 @@ def test_backbone_matches_transformers(attn_implementation, biases):
 def test_window_matters():
     """The sliding window is live at this length: a global-only model gives different outputs."""
     hf_config = hf_small_config("eager")
-    torch_model = randomize(transformers.ModernBertModel(hf_config))
-    config = our_config(hf_config)
-    params = params_from_torch(torch_model, config, "backbone")
+    torch_model, config, params = random_backbone(hf_config)
     input_ids, attention_mask = batch()
     config.local_attention = 2 * SEQ
     ours = modernbert.Encoder(config).apply({"params": params}, input_ids, attention_mask)["last_hidden_state"]

@@ -50,8 +50,9 @@ MODEL_DEFAULTS = dict(
 MODERNBERT = dict(vocab_size=50368, max_position_embeddings=8192, type_vocab_size=1, pad_token_id=50283,
                   layer_norm_eps=1e-5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pooler=False)
 SIZES = {
-    "tiny": dict(MODERNBERT, vocab_size=1000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                 intermediate_size=96, max_position_embeddings=512, pad_token_id=0, local_attention=8),
+    # tiny trains on the bundled corpus with the repository's 8k byte-level BPE (<pad> = 1).
+    "tiny": dict(MODERNBERT, vocab_size=8000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+                 intermediate_size=96, max_position_embeddings=512, pad_token_id=1, local_attention=8),
     "base": dict(MODERNBERT, hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152),
     "large": dict(MODERNBERT, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, intermediate_size=2624),
 }
@@ -411,9 +412,7 @@ FAMILY = Family(
     published="2024-12",
     recipe="MLM at 30%, rotary positions, GeGLU, pre-norm, local/global attention",
     objective="mlm",
-    # tiny trains on the bundled corpus with the repository's 8k byte-level BPE (<pad> = 1).
-    sizes={size: {**MODEL_DEFAULTS, **sizes, **(dict(vocab_size=8000, pad_token_id=1) if size == "tiny" else {})}
-           for size, sizes in SIZES.items()},
+    sizes={size: {**MODEL_DEFAULTS, **sizes} for size, sizes in SIZES.items()},
     paper_params_millions={"base": 149, "large": 395},
     default_size="base",
     # OLMo's 50k byte-level BPE is not bundled: set config.data.tokenizer_path for full-size runs.
