@@ -4,6 +4,12 @@ the batches; this module runs them.
 
 Every decision to save or stop is the same on every process at the same step (see SavePoints), so a multi-host run
 never has one host waiting in a collective for another that left the loop.
+
+A stop (a signal or a preemption notice) waits for its checkpoint to commit, says so with the time the save took,
+and, in a command, ends the process right there (bert_jax.cli.end_process): what is left after that line only frees
+memory, and on a loaded machine it took longer than the grace period a preemption gives (benchmarks/signal_exit.py).
+A failed asynchronous save is looked for after every step, so the run stops at the first step that ends after the
+write failed.
 """
 from __future__ import annotations
 
@@ -19,7 +25,7 @@ import tqdm
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpoints
+from bert_jax import checkpoints, cli
 from bert_jax.errors import UserError
 from bert_jax.metrics_writer import MetricsWriter
 
@@ -148,7 +154,9 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
 
     Logged rows go to metrics.jsonl / TensorBoard, one row per step; `evaluate(state)` runs every
     schedule.eval_every_steps and after the last step, its metrics in the same row. A checkpoint is saved on the
-    schedule, at the last step and on a signal (then the loop stops); a failed save stops the run at once.
+    schedule, at the last step and on a signal: then the loop stops once that save has committed, and a command
+    ends there (a caller in Python gets Outcome(stopped=True)). A failed save raises SaveError at the first step
+    that ends after the write failed.
     """
     writer = MetricsWriter(workdir, start_step)
     save_points = SavePoints(schedule.checkpoint_every_steps, schedule.checkpoint_every_secs, schedule.total_steps,
@@ -176,14 +184,17 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
                     summary.update(evaluation)
                 log(writer, progress, done, summary)
                 pending, last_log, last_time = [], done, time.perf_counter()
-            if save_now:
+            if save_now:  # always when stopped
+                save_started = time.perf_counter()
                 checkpoints.save(manager, done, state)
                 save_points.saved()
+                if stopped:
+                    checkpoints.wait_for_save(manager)
+                    announce("stopped by signal at step %d; checkpoint saved in %.1f s, rerun the same command to "
+                             "continue", done, time.perf_counter() - save_started)
+                    break
             else:
                 checkpoints.check_saves(manager)
-            if stopped:
-                announce("stopped by signal at step %d; checkpoint saved, rerun the same command to continue", done)
-                break
         if start_step >= schedule.total_steps and evaluate is not None:  # resumed after the last save
             evaluation = evaluate(state)
             log(writer, progress, start_step, evaluation)
@@ -197,6 +208,8 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
         save_points.close()
         progress.close()
         writer.close()
+    if stopped and cli.in_command():
+        cli.end_process(0)  # before this frame's caller frees the data pipeline: see the module's docstring
     return Outcome(state, stopped, {} if stopped else evaluation)
 
 

@@ -1,5 +1,7 @@
 """Commands end a user error with one line: an unknown --config key is named with the closest key the file has."""
 import pathlib
+import subprocess
+import sys
 
 import pytest
 
@@ -18,3 +20,24 @@ def test_unknown_config_key_is_one_line_with_the_closest_key(override, error, hi
     line = cli.unknown_config_key(["prog", f"--config={CONFIG}", "--config.seed=1", override], error)
     key = override.split("=")[0]
     assert line == f"error: {key}: {CONFIG} has no key {key.rsplit('.', 1)[1]!r}; {hint}"
+
+
+FAILING_COMMAND = """
+import threading
+from bert_jax import cli
+from bert_jax.errors import UserError
+
+def command(argv):
+    threading.Thread(target=threading.Event().wait, name="left behind").start()
+    raise UserError("config.data.input_files: 'x/*.txt' matches no file")
+
+cli.run(command)
+"""
+
+
+def test_a_user_error_is_one_line_and_the_exit_waits_for_nothing_left_behind():
+    """The error line ends the process: a thread the failed command left running (a writer, a prefetcher) would
+    otherwise hold it forever."""
+    child = subprocess.run([sys.executable, "-c", FAILING_COMMAND], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 1
+    assert child.stderr == "error: config.data.input_files: 'x/*.txt' matches no file\n"
