@@ -21,6 +21,8 @@ import dataclasses
 import functools
 import io
 import json
+import pickle
+import re
 import uuid
 import warnings
 
@@ -275,29 +277,72 @@ def check_position_numbering(config, head: str, params, config_file: storage.Pat
 
 def read_hf_weights(directory: storage.Path) -> dict[str, np.ndarray]:
     """An HF directory's tensors, from model.safetensors, a sharded safetensors index, or pytorch_model.bin."""
-    single, index, pickle = (directory / name for name in HF_WEIGHTS)
+    single, index, legacy = (directory / name for name in HF_WEIGHTS)
     if single.exists():
         return read_safetensors(single)
     if index.exists():
-        shards = sorted(set(_read_json(index)["weight_map"].values()))
+        weight_map = _read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise LoadError(f"{index}: has no \"weight_map\" of tensor names to files; download it again")
+        shards = sorted(set(weight_map.values()))
+        missing = [shard for shard in shards if not (directory / shard).exists()]
+        if missing:
+            raise LoadError(f"{index} names files that are not in {directory}: {', '.join(missing)}; download them")
         return {name: array for shard in shards for name, array in read_safetensors(directory / shard).items()}
-    if pickle.exists():
-        try:
-            import torch  # only for this legacy format; safetensors needs no torch
-        except ImportError as e:
-            raise LoadError(f"{pickle}: reading pytorch_model.bin needs torch; install it or use safetensors") from e
-        return {name: tensor.float().numpy() for name, tensor in
-                torch.load(io.BytesIO(pickle.read_bytes()), map_location="cpu", weights_only=True).items()}
+    if legacy.exists():
+        return read_pytorch_pickle(legacy)
     raise LoadError(f"{directory}: has config.json but no weights ({', '.join(HF_WEIGHTS)})")
+
+
+def read_pytorch_pickle(file: storage.Path) -> dict[str, np.ndarray]:
+    """A pytorch_model.bin's tensors through torch's weights-only reader, which runs no code from the file. A
+    pickle it refuses (objects besides tensors: an old export, or a malicious file) and a damaged file are one
+    LoadError each; torch's own message is left out, since it suggests the unsafe way to load the file."""
+    try:
+        import torch  # only for this legacy format; safetensors needs no torch
+    except ImportError as e:
+        raise LoadError(f"{file}: reading pytorch_model.bin needs torch; install it or use safetensors") from e
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # e.g. torch's note on the pickle protocol
+            state = torch.load(io.BytesIO(file.read_bytes()), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        raise LoadError(f"{file}: refused, {refused_pickle_content(e)}; reading such a file can run code from it. "
+                        "Where the file is trusted, convert it to safetensors with transformers (from_pretrained, "
+                        "then save_pretrained) and load that folder") from e
+    except Exception as e:  # noqa: BLE001 - torch's zip and pickle readers raise RuntimeError, EOFError, KeyError...
+        raise damaged_weights(file, "PyTorch", e) from e
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise LoadError(f"{file}: holds a {type(state).__name__}, not a state dict of tensors; convert the model to "
+                        "safetensors with transformers (from_pretrained, then save_pretrained)")
+    return {name: tensor.float().numpy() for name, tensor in state.items()}
+
+
+def refused_pickle_content(error: BaseException) -> str:
+    """What torch's weights-only reader refused, from its message, without the rest of that message."""
+    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)|Unsupported operand (\d+)", str(error))
+    if found and found.group(1):
+        return f"it holds objects besides tensors (it calls {found.group(1)})"
+    if found:
+        return (f"torch's weights-only reader does not accept it (pickle instruction {found.group(2)}): it is damaged "
+                "or holds objects besides tensors")
+    return "it holds objects besides tensors"
+
+
+def damaged_weights(file: storage.Path, kind: str, error: BaseException) -> LoadError:
+    """One line for a weight file that cannot be parsed: truncated, corrupt or not a weight file at all."""
+    sentence = checkpoints.first_line(error, limit=120).split(". ")[0]
+    cause = f"{type(error).__name__}: {sentence}" if str(error).strip() else type(error).__name__
+    return LoadError(f"{file}: cannot read this {kind} file ({cause}); it is truncated, corrupt or not a {kind} "
+                     "file — download or export it again")
 
 
 def read_safetensors(file: storage.Path) -> dict[str, np.ndarray]:
     data = file.read_bytes()  # whole, as a bucket gives it; the arrays are copies either way
     try:
         return safetensors.numpy.load(data)
-    except safetensors.SafetensorError as e:
-        raise LoadError(f"{file}: cannot read this safetensors file ({e}); it is truncated or corrupt — "
-                        "download or export it again") from e
+    except Exception as e:  # noqa: BLE001 - SafetensorError, and e.g. a TypeError for a dtype numpy lacks
+        raise damaged_weights(file, "safetensors", e) from e
 
 
 def _read_json(file: storage.Path) -> dict:
@@ -337,18 +382,18 @@ def read_workdir(workdir: storage.Path, step: int | None, mesh=None):
     import orbax.checkpoint as ocp
 
     config, head = _workdir_config(workdir)
-    handlers = {"params": ocp.StandardCheckpointHandler()}  # the train_state item is left alone
-    with ocp.CheckpointManager(workdir / CHECKPOINT_DIR, item_names=("params", "train_state"),
-                               item_handlers=handlers) as manager:
-        steps = sorted(manager.all_steps())
-        if not steps:
-            raise LoadError(f"{workdir / CHECKPOINT_DIR}: no checkpoint saved yet")
-        step = steps[-1] if step is None else step
-        folder = workdir / CHECKPOINT_DIR / str(step)
+    with ocp.CheckpointManager(workdir / CHECKPOINT_DIR, item_names=("params", "train_state")) as manager:
+        steps = sorted(manager.all_steps())  # the committed ones
+    if not steps:
+        raise LoadError(f"{workdir / CHECKPOINT_DIR}: no checkpoint saved yet")
+    step = steps[-1] if step is None else step
+    folder = workdir / CHECKPOINT_DIR / str(step)
+    # The "params" item alone, through its own handler: a reader never opens train_state, and Orbax does not warn
+    # about an item it was not asked to restore.
+    handler = ocp.StandardCheckpointHandler()
+    try:
         with _read_errors_named(folder, step, steps):
-            stored = manager.item_metadata(step)["params"]
-            if stored is None:
-                raise FileNotFoundError(f"{folder / 'params'}: no parameter metadata")
+            stored = handler.metadata(folder / "params")
         target = abstract_target(modeling.model_for_head(config, head), mesh)
         target = checkpoints.unpadded_vocab_target(target, checkpoints.stored_vocab_rows(stored.tree))
         try:  # compare the stored shapes first, for an error that names the parameters
@@ -356,8 +401,10 @@ def read_workdir(workdir: storage.Path, step: int | None, mesh=None):
         except state_dict.ConversionError as e:
             raise LoadError(f"{folder}: params do not match config.json: {e}") from e
         with _read_errors_named(folder, step, steps):
-            restored = manager.restore(step, args=ocp.args.Composite(params=ocp.args.StandardRestore(target)))
-    return config, head, pad_vocab(restored["params"], config)
+            params = handler.restore(folder / "params", args=ocp.args.StandardRestore(target))
+    finally:
+        handler.close()
+    return config, head, pad_vocab(params, config)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,7 @@
 """Bad checkpoints get an error naming the tensor or file; nothing is half-loaded or half-written."""
 import json
 import os
+import pickle
 import re
 import shutil
 import subprocess
@@ -88,6 +89,62 @@ def test_truncated_safetensors_names_the_file(checkpoint):
     weights = checkpoint / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(LoadError, match=f"{weights}: cannot read this safetensors file.*truncated"):
+        load(checkpoint)
+
+
+class RunsCode:
+    """A pickled object whose loading would run a command: here, create a file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def torch_saved(checkpoint, as_numpy: bool = False) -> bytes:
+    """The checkpoint's tensors as torch.save writes them to a pytorch_model.bin; `as_numpy` pickles numpy arrays
+    instead of tensors (what an old export may hold)."""
+    import io
+
+    import torch
+
+    tensors = load_file(checkpoint / "model.safetensors")
+    buffer = io.BytesIO()
+    torch.save({name: value if as_numpy else torch.from_numpy(value) for name, value in tensors.items()}, buffer)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind, expected", [
+    ("runs code", r"refused, torch's weights-only reader does not accept it \(pickle instruction \d+\)"),
+    ("numpy arrays", r"refused, it holds objects besides tensors \(it calls numpy\.[\w.]+\)"),
+    ("truncated", r"cannot read this PyTorch file \(.+\); it is truncated, corrupt or not a PyTorch file"),
+    ("empty", r"cannot read this PyTorch file \(EOFError\); it is truncated"),
+])
+def test_pickle_weights_that_torch_will_not_read_safely_are_one_line(checkpoint, tmp_path, kind, expected):
+    marker = tmp_path / "code-ran"
+    content = {"runs code": lambda: pickle.dumps({"weight": RunsCode(marker)}),
+               "numpy arrays": lambda: torch_saved(checkpoint, as_numpy=True),
+               "truncated": lambda: torch_saved(checkpoint)[:1000], "empty": lambda: b""}[kind]()
+    weights = checkpoint / "pytorch_model.bin"
+    weights.write_bytes(content)
+    (checkpoint / "model.safetensors").unlink()
+    with pytest.raises(LoadError, match=re.escape(f"{weights}: ") + expected) as raised:
+        load(checkpoint)
+    message = str(raised.value)
+    assert "\n" not in message and "weights_only" not in message and not marker.exists()
+    if kind in ("runs code", "numpy arrays"):
+        assert message.endswith("Where the file is trusted, convert it to safetensors with transformers "
+                                "(from_pretrained, then save_pretrained) and load that folder")
+
+
+def test_sharded_safetensors_with_a_missing_shard_names_it(checkpoint):
+    (checkpoint / "model.safetensors").rename(checkpoint / "model-00001-of-00002.safetensors")
+    weight_map = {name: f"model-0000{1 + i % 2}-of-00002.safetensors"
+                  for i, name in enumerate(load_file(checkpoint / "model-00001-of-00002.safetensors"))}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    with pytest.raises(LoadError, match=re.escape(f"{checkpoint / 'model.safetensors.index.json'} names files that "
+                                                  f"are not in {checkpoint}: model-00002-of-00002.safetensors")):
         load(checkpoint)
 
 

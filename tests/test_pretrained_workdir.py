@@ -1,6 +1,7 @@
 """bert_jax workdirs (config.json + Orbax checkpoints/<step>/{params,train_state}, as the trainer writes them) load
 onto the CPU or sharded onto a mesh; an ELECTRA run gives its generator, discriminator or both."""
 import json
+import logging
 
 import jax
 import numpy as np
@@ -44,9 +45,11 @@ def bert_run(tmp_path_factory):
     return workdir, write_workdir(workdir, config)
 
 
-def test_latest_or_given_step_restores_exactly(bert_run):
+def test_latest_or_given_step_restores_exactly(bert_run, caplog):
     workdir, saved = bert_run
     latest = bert_jax.load_pretrained(workdir)
+    # Only "params" is read: no Orbax warning about the train_state item it was not asked for.
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
     assert latest.head == "pretraining" and latest.config.scan_layers
     assert "layers" in latest.params["backbone"]["encoder"]
     jax.tree.map(np.testing.assert_array_equal, latest.params, saved[20])
