@@ -167,15 +167,18 @@ def initial_params(params, pretrained: Pretrained, config: ml_collections.Config
     excluded = excluded_paths(target, config.init_exclude)
     kept_random = set(excluded)
     loaded = [path for path in target if path in source and path not in kept_random]
+    loaded_set = set(loaded)
     state_dict.check_shapes(traverse_util.unflatten_dict({p: source[p] for p in loaded}, sep="/"),
                             traverse_util.unflatten_dict({p: target[p] for p in loaded}, sep="/"))
     merged = {**target, **{path: placed_like(source[path], target[path]) for path in loaded}}
     absent = [path for path in target if path not in source and path not in kept_random]
     initialized = [f"{describe(absent, target)} (not in the checkpoint)"] if absent else []
     initialized += [f"{describe(excluded, target)} (init_exclude)"] if excluded else []
+    unused = [path for path in source if path not in loaded_set]  # not in the model, or excluded
     report = (f"init_from {config.init_from} ({pretrained.config.family} {pretrained.head}): loaded "
               f"{describe(loaded, target)} ({len(loaded)} tensors); initialized {', '.join(initialized) or 'nothing'}"
-              f"; unused from the checkpoint: {describe([p for p in source if p not in target], source)}")
+              f"; unused from the checkpoint: {describe(unused, source)}"
+              + (f" ({len(unused)} tensors)" if unused else ""))
     return traverse_util.unflatten_dict(merged, sep="/"), report
 
 

@@ -101,7 +101,7 @@ def test_init_exclude_keeps_those_random(bert_pretraining):
     assert_leaves(params, fresh, excluded)
     assert_leaves(params, saved, [p for p in paths if p not in excluded])
     assert report.endswith("initialized backbone/pooler, sentence_pair_head (init_exclude); "
-                           "unused from the checkpoint: nothing")
+                           "unused from the checkpoint: backbone/pooler, sentence_pair_head (4 tensors)")
     assert config.data.tokenizer_path.endswith("vocab.txt") and str(path) in config.data.tokenizer_path
 
 
@@ -118,7 +118,7 @@ def test_pretraining_checkpoint_into_mlm_leaves_the_nsp_head_unused(tmp_path, ti
     assert "sentence_pair_head" not in params
     assert_leaves(params, saved, flat(params))
     assert report.endswith(f"loaded backbone, mlm_head ({len(flat(params))} tensors); initialized nothing; "
-                           "unused from the checkpoint: sentence_pair_head")
+                           "unused from the checkpoint: sentence_pair_head (2 tensors)")
 
 
 def test_scanned_bfloat16_layers_take_the_checkpoint_stacked(bert_pretraining):
