@@ -5,7 +5,8 @@ through the training pipeline (`config.data.input_files`, first batch).
 
 Each path runs in its own subprocess; its peak RSS is the kernel's ru_maxrss for that child (os.wait4, the figure
 resource.getrusage(RUSAGE_CHILDREN) reports, but per child rather than the maximum over all children so far). The
-floor is the same command on a small book (TensorFlow and the tokenizer alone take most of it).
+floor is the same command on a small book (TensorFlow and the tokenizer alone take most of it). Absolute RSS depends
+on the machine, so the figure to compare is the peak's ratio to the floor measured in the same invocation.
 Prints a table and, last, one JSON line: {"size_mb": ..., "prepare": {...}, "pipeline": {...}}.
 """
 import json
@@ -72,12 +73,13 @@ def main(argv):
         results = {}
         for name, command in commands.items():
             floor = peak_rss(command(CORPUS, folder / "small"), folder / f"{name}-floor.log")
-            results[name] = dict(peak_rss(command(text, folder / "large"), folder / f"{name}.log"),
-                                 floor_rss_mb=floor["peak_rss_mb"])
-    print(f"{'path':<10}{'peak RSS MB':>12}{'floor MB':>9}{'seconds':>9}{'exit':>6}  last line")
+            large = peak_rss(command(text, folder / "large"), folder / f"{name}.log")
+            results[name] = dict(large, floor_rss_mb=floor["peak_rss_mb"],
+                                 peak_over_floor=round(large["peak_rss_mb"] / floor["peak_rss_mb"], 2))
+    print(f"{'path':<10}{'peak RSS MB':>12}{'floor MB':>9}{'peak/floor':>11}{'seconds':>9}{'exit':>6}  last line")
     for name, r in results.items():
-        print(f"{name:<10}{r['peak_rss_mb']:>12}{r['floor_rss_mb']:>9}{r['seconds']:>9}{r['exit_code']:>6}  "
-              f"{r['last_line']}")
+        print(f"{name:<10}{r['peak_rss_mb']:>12}{r['floor_rss_mb']:>9}{r['peak_over_floor']:>11}{r['seconds']:>9}"
+              f"{r['exit_code']:>6}  {r['last_line']}")
     print(json.dumps(dict(size_mb=FLAGS.size_mb, **results)))
 
 
