@@ -17,7 +17,7 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=15 tests
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .
