@@ -1,5 +1,7 @@
-"""Test-wide settings: offline HF, 8 fake CPU devices for mesh tests, float32 matmuls at full precision."""
+"""Test-wide settings: offline HF, 8 fake CPU devices for mesh tests, and one XLA compilation cache per session."""
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -11,6 +13,16 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 for _key, _value in (("NO_GCE_CHECK", "true"), ("GCE_METADATA_HOST", "127.0.0.1:9"), ("GCE_METADATA_IP", "127.0.0.1:9"),
                      ("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")):
     os.environ.setdefault(_key, _value)
+
+# One persistent compilation cache for the whole session, shared by the tests and the commands and processes they
+# start (which inherit this environment): a program compiled once is loaded everywhere else. Every compile is kept,
+# however short: a tiny model's programs compile in under a second each, but there are hundreds of them (Orbax's
+# per-shard save slices, initialisers, the steps of each family). A new folder per session keeps runs independent
+# of each other and of other checkouts on the machine; it is removed at the end.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="bert_jax-tests-xla-cache-")
+    os.environ["BERT_JAX_TESTS_OWN_XLA_CACHE"] = os.environ["JAX_COMPILATION_CACHE_DIR"]
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 import jax  # noqa: E402
 
@@ -39,3 +51,10 @@ def bucket_dir(gcs_server, request):
 
     name = re.sub(r"[^\w-]+", "-", request.node.name)  # parametrize ids hold [ ], glob characters
     return f"gs://{gcs_server.bucket}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+def pytest_unconfigure(config):
+    """Remove the session's compilation cache (not one the caller named in JAX_COMPILATION_CACHE_DIR)."""
+    own = os.environ.get("BERT_JAX_TESTS_OWN_XLA_CACHE")
+    if own:
+        shutil.rmtree(own, ignore_errors=True)

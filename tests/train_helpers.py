@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import itertools
 import os
-import tempfile
 
 import numpy as np
 
-from bert_jax import config_lib, train
+from bert_jax import config_lib
 
 SEQ_LENGTH, PREDICTIONS, VOCAB = 32, 5, 1000
 
-# Several tests run the same program again (straight vs resumed runs); XLA's compile is most of their time on CPU.
-XLA_CACHE_DIR = os.path.join(tempfile.gettempdir(), "bert_jax_test_xla_cache")
-train.enable_compilation_cache(XLA_CACHE_DIR)
+# The session's compilation cache (tests/conftest.py), for the commands tests start with an environment of their own.
+XLA_CACHE_DIR = os.environ["JAX_COMPILATION_CACHE_DIR"]
 
 
 def tiny_config(family: str = "bert", **overrides):
