@@ -81,7 +81,15 @@ def prepare_from_flags(inputs: list[str], beam_options: list[str]) -> None:
     print("summary: " + ", ".join(f"{k}={v}" for k, v in summary.items() if isinstance(v, int)))
     for kind, places in summary["where"].items():
         print(f"  {kind}: {', '.join(places)}")
-    documents.check_enough_documents(collections.Counter(summary), 1, documents.plural(len(units), "unit"), "prepare")
+    documents.check_enough_documents(collections.Counter(summary), 1, sources_of(units), "prepare")
+
+
+def sources_of(units: list[dict]) -> str:
+    """What the units read, for the summary's error line: "3 files", "64 TFDS slices", or both."""
+    files = sum(1 for unit in units if unit.get("path"))
+    slices = len(units) - files
+    return " and ".join([documents.plural(files, "file")] * bool(files)
+                        + [documents.plural(slices, "TFDS slice")] * bool(slices))
 
 
 def define_flags():
