@@ -52,13 +52,15 @@ def tfds_name(text: str) -> TfdsName | None:
 
 
 def tfds_build_command(names: str | list[str], data_dir: str | None) -> str:
-    """The command that fetches and builds TFDS datasets (TFDS's own CLI; `pip install mlcroissant` first, which
-    tensorflow-datasets 4.9.10's `tfds` command imports)."""
+    """The command, run in the repository, that fetches and builds TFDS datasets: TFDS's own CLI, after the `data`
+    extra it needs with tensorflow-datasets 4.9.10 (mlcroissant, importlib_resources; setup.py)."""
     names = [names] if isinstance(names, str) else names
-    return f"tfds build {' '.join(n.split(':')[0] for n in names)}" + (f" --data_dir={data_dir}" if data_dir else "")
+    return (f"pip install -e '.[data]' && tfds build {' '.join(n.split(':')[0] for n in names)}"
+            + (f" --data_dir={data_dir}" if data_dir else ""))
 
 
 def tfds_is_built(name: str, data_dir: str | None) -> bool:
+    """Whether a TFDS dataset is built in data_dir (TFDS's default folder when None)."""
     import tensorflow_datasets as tfds
 
     return tfds.builder(name, data_dir=data_dir or None).is_prepared()

@@ -156,15 +156,16 @@ def test_missing_glue_and_squad_name_the_commands_that_fetch_them(tmp_path):
         glue.load_split(rte, "train", absent)
     assert str(error.value) == (
         f"--config.data_dir={absent}: no GLUE RTE data there (neither its TSVs nor the hub's rte/*.parquet); "
-        f"download it: hf download nyu-mll/glue --repo-type=dataset --include='rte/*' --local-dir={absent} (or tfds "
-        "build glue/rte and --config.data_dir=tfds:glue)")
+        f"download it: hf download nyu-mll/glue --repo-type=dataset --include='rte/*' --local-dir={absent} (or pip "
+        "install -e '.[data]' && tfds build glue/rte and --config.data_dir=tfds:glue)")
     with pytest.raises(glue.GlueDataError, match=re.escape(f"--data={absent}: no GLUE STS-B data there")):
         similarity.read_pairs(absent)
     built = str(tmp_path / "tfds")
     with pytest.raises(data_sources.DataSourceError) as error:
         glue.load_split(rte, "dev", "tfds:glue", built)
     assert str(error.value) == (f"--config.data_dir=tfds:glue/rte: TFDS glue/rte is not built in {built}; fetch it "
-                                f"where there is network: tfds build glue/rte --data_dir={built}")
+                                f"where there is network: pip install -e '.[data]' && tfds build glue/rte "
+                                f"--data_dir={built}")
     with pytest.raises(squad.SquadDataError) as error:
         finetune.squad_split(squad_config(data_dir=absent), "validation")
     assert str(error.value) == (
@@ -184,7 +185,7 @@ def test_a_source_given_for_several_tasks_names_what_it_lacks_at_once(glue_hub, 
     glue.check_tasks(tasks[:1], str(DATA / "glue"), None, "--glue")  # GLUE's task folders (RTE/, STS-B/)
     with pytest.raises(glue.GlueDataError, match=re.escape(
             f"--glue=tfds:glue: TFDS glue/stsb, glue/cola, glue/sst2 not built; fetch them where there is network: "
-            f"tfds build glue/stsb glue/cola glue/sst2 --data_dir={tfds_dir}")):
+            f"pip install -e '.[data]' && tfds build glue/stsb glue/cola glue/sst2 --data_dir={tfds_dir}")):
         glue.check_tasks(tasks, "tfds:glue", tfds_dir, "--glue")
 
 

@@ -163,7 +163,7 @@ def test_missing_inputs_and_unavailable_tfds(tmp_path):
                                                  tfds_data_dir=str(tmp_path))
     with pytest.raises(DataSourceError, match=re.escape(
             f"tfds:wikipedia/20230601.en: TFDS wikipedia/20230601.en is not built in {tmp_path}; fetch it where "
-            f"there is network: tfds build wikipedia/20230601.en --data_dir={tmp_path}")):
+            f"there is network: pip install -e '.[data]' && tfds build wikipedia/20230601.en --data_dir={tmp_path}")):
         tfds_units("tfds:wikipedia/20230601.en")
     with pytest.raises(DataSourceError, match="tfds:no_such_corpus: no TFDS dataset no_such_corpus"):
         tfds_units("tfds:no_such_corpus")
