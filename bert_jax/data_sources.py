@@ -13,7 +13,9 @@ naming the command that fetches it.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import re
 from typing import Iterator
 
@@ -63,7 +65,20 @@ def tfds_is_built(name: str, data_dir: str | None) -> bool:
     """Whether a TFDS dataset is built in data_dir (TFDS's default folder when None)."""
     import tensorflow_datasets as tfds
 
-    return tfds.builder(name, data_dir=data_dir or None).is_prepared()
+    with quiet_tfds():
+        return tfds.builder(name, data_dir=data_dir or None).is_prepared()
+
+
+@contextlib.contextmanager
+def quiet_tfds():
+    """Without the warnings TFDS logs when it looks for a dataset not built yet: bert_jax's error says it."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        absl_logger.setLevel(level)
 
 
 def hub_download_command(repo: str, local_dir: storage.PathLike, include: str = "") -> str:
@@ -78,10 +93,12 @@ def tfds_builder(name: str, data_dir: str | None, where: str, split: str = ""):
     import tensorflow_datasets as tfds  # imported here: slow, and only TFDS inputs need it
 
     try:
-        builder = tfds.builder(name, data_dir=data_dir or None)
+        with quiet_tfds():
+            builder = tfds.builder(name, data_dir=data_dir or None)
+            built = builder.is_prepared()
     except (tfds.core.registered.DatasetNotFoundError, ValueError) as e:  # an unknown dataset, config or version
         raise DataSourceError(f"{where}: no TFDS dataset {name} ({str(e).splitlines()[0]})") from e
-    if not builder.is_prepared():
+    if not built:
         raise DataSourceError(f"{where}: TFDS {name} is not built in {builder.data_dir_root}; fetch it where there "
                               f"is network: {tfds_build_command(name, data_dir)}")
     if split and split.split("[")[0] not in builder.info.splits:  # train[:10%] is a slice of train
