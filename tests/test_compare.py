@@ -14,7 +14,7 @@ from bert_jax.tasks import glue
 
 COMPARED = ("bert", "roberta", "albert", "electra")  # the families with a learning rate in configs/compare.py
 
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).parents[1] / "data"
 
 EXPECTED = {  # family: (objective, masking mode, example kind, layer groups of 4 layers, embedding width)
     "bert": ("mlm_nsp", "static", "nsp_pairs", 4, 128),
@@ -70,7 +70,7 @@ def test_stages_read_and_write_their_files_in_a_bucket(bucket_dir):
         (prepared / f"{i:05d}.done.json").write_text(json.dumps({"documents": 3, "tokens": 100}))
     assert compare.corpus_summary({"bert": str(prepared)}) == "6 documents, 200 tokens as wordpiece-vocab.txt"
     budget = config_lib.load_preset("compare", "test")
-    config = compare.finetune_config("rte", work / "init", 0, budget, storage.as_path(bucket_dir) / "glue")
+    config = compare.finetune_config("rte", work / "init", 0, budget, f"{bucket_dir}/glue")
     assert (config.init, config.data_dir) == (f"{bucket_dir}/experiment/init", f"{bucket_dir}/glue/RTE")
 
     from matplotlib import pyplot as plt
@@ -79,10 +79,10 @@ def test_stages_read_and_write_their_files_in_a_bucket(bucket_dir):
     plt.close(fig)
     assert (work / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
-    # A bucket --glue_dir lacking a task is named; an unusable --results_dir fails before any training.
-    stsb = DATA / "glue" / "STS-B" / "dev.tsv"
-    (storage.as_path(bucket_dir) / "glue" / "STS-B" / "dev.tsv").write_bytes(stsb.read_bytes())
-    with pytest.raises(glue.GlueDataError, match=r"lacks the task folders \['RTE'\]"):
+    # A bucket --glue lacking a task is named; an unusable --results_dir fails before any training.
+    stsb = DATA / "glue" / "STS-B" / "train.tsv"
+    (storage.as_path(bucket_dir) / "glue" / "STS-B" / "train.tsv").write_bytes(stsb.read_bytes())
+    with pytest.raises(glue.GlueDataError, match=r"/glue lacks RTE \(neither GLUE TSV folders"):
         compare.run("test", work, "unused", f"{bucket_dir}/glue", f"{bucket_dir}/results")
     with pytest.raises(storage.StorageError, match="gs://no-such-bucket does not exist"):
         compare.run("test", work, "unused", DATA / "glue", "gs://no-such-bucket/results")

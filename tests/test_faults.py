@@ -13,7 +13,7 @@ import pytest
 from train_helpers import XLA_CACHE_DIR
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).parents[1] / "data"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": XLA_CACHE_DIR,
        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
 # A tiny BERT on the bundled corpus, a few seconds of steps.

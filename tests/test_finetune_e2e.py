@@ -1,4 +1,4 @@
-"""Tiny end-to-end fine-tunes on real samples (tests/data): RTE classification, STS-B regression, SQuAD spans.
+"""Tiny end-to-end fine-tunes on the bundled samples (data/glue, data/squad): RTE, STS-B regression, SQuAD spans.
 
 The model is the real pretrained MiniLM cut to its first two layers (saved as an HF directory), so the runs are
 short yet start from pretrained weights.
@@ -12,7 +12,7 @@ from safetensors.numpy import load_file, save_file
 
 from bert_jax import config_lib, finetune
 
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).parents[1] / "data"
 LAYERS = 2
 
 

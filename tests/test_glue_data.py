@@ -11,7 +11,7 @@ from bert_jax.tasks import glue
 from bert_jax.tasks.text import pack, truncate_longest_first
 from bert_jax.input_pipeline.tokenizers import SpecialIds
 
-DATA = pathlib.Path(__file__).parent / "data" / "glue"
+DATA = pathlib.Path(__file__).parents[1] / "data" / "glue"
 
 
 @pytest.mark.parametrize("name, folder, split, rows, first_label, has_pair", [
@@ -158,8 +158,8 @@ def test_unknown_finetune_presets_are_named():
         config_lib.load_preset("squad", "v3")
 
 
-def test_tfds_not_prepared_points_to_data_dir(tmp_path):
-    with pytest.raises(glue.GlueDataError, match="not available offline.*--config.data_dir"):
+def test_an_empty_data_dir_says_what_to_name(tmp_path):
+    with pytest.raises(glue.GlueDataError, match="--config.data_dir is empty; name the RTE data: .*tfds:glue"):
         glue.load_split(glue.get_task("rte"), "dev", data_dir="", tfds_data_dir=str(tmp_path))
 
 

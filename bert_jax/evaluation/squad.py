@@ -15,7 +15,7 @@ import string
 import sys
 
 from bert_jax import cli, storage
-from bert_jax.tasks.squad import SquadDataError, questions_of, read_articles, read_json
+from bert_jax.tasks.squad import Question, SquadDataError, questions_of, read_articles, read_json
 
 PUNCTUATION = frozenset(string.punctuation)
 ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -43,16 +43,20 @@ def f1(prediction: str, gold: str) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
-def gold_answers(dataset: list, source: str) -> dict[str, list[str]]:
+def gold_answers(questions: list[Question]) -> dict[str, list[str]]:
     """Question id -> gold answer texts; an unanswerable (v2.0) question's only gold answer is ""."""
-    return {q.qid: [text for text, _ in q.answers if normalize_answer(text)] or [""]
-            for q in questions_of(dataset, source)}
+    return {q.qid: [text for text, _ in q.answers if normalize_answer(text)] or [""] for q in questions}
 
 
 def evaluate(dataset: list, predictions: dict[str, str], source: str = "the SQuAD data") -> dict[str, float]:
-    """Scores over every question in `dataset` (read from `source`, named in errors); a question without a
-    prediction scores 0 (reported on stderr)."""
-    golds = gold_answers(dataset, source)
+    """Scores over every question in `dataset`, a SQuAD JSON file's "data" list (read from `source`, named in
+    errors); see `score`."""
+    return score(gold_answers(questions_of(dataset, source)), predictions)
+
+
+def score(golds: dict[str, list[str]], predictions: dict[str, str]) -> dict[str, float]:
+    """Scores over every question of `golds` (gold_answers), whatever file format they came from; a question
+    without a prediction scores 0 (reported on stderr)."""
     missing = [qid for qid in golds if qid not in predictions]
     if missing:
         print(f"{len(missing)} of {len(golds)} questions have no prediction and score 0 (first: {missing[0]})",

@@ -2,9 +2,13 @@
 same training FLOPs, fine-tune each on SST-2, MRPC, STS-B, RTE and CoLA, and write a table and plots.
 
     python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare \\
-        [--corpus='../shared/data/corpus/*.txt'] [--glue_dir=../shared/data/glue] [--results_dir=results]
+        [--corpus='data/corpus/*.txt'] [--glue=tfds:glue] [--results_dir=results]
 
-Every folder and the corpus may also be in a bucket (gs://...), e.g. --workdir=gs://bucket/compare on a pod.
+--glue names GLUE once for all tasks (bert_jax.data_sources): tfds:glue (the default: TFDS glue/<task>, built with
+`tfds build glue/sst2 glue/mrpc glue/stsb glue/rte glue/cola`), the hub's nyu-mll/glue as `hf download` leaves it,
+or a folder of GLUE task folders (SST-2/, RTE/, ... of TSVs). A task missing there fails before any training, with
+the command that fetches it. Every folder and the corpus may also be in a bucket (gs://...), e.g.
+--workdir=gs://bucket/compare on a pod.
 
 Budgets are the presets of configs/compare.py. Stages, each resumable (rerun the command to continue):
 1. corpus: the raw text -> DIR/corpus/text (one sentence per line, bert_jax.input_pipeline.plain_text), tokenized
@@ -33,7 +37,7 @@ import numpy as np
 from absl import flags
 from jax.experimental import multihost_utils
 
-from bert_jax import cli, config_lib, families, finetune, flops, param_table, run_loop, storage
+from bert_jax import cli, config_lib, data_sources, families, finetune, flops, param_table, run_loop, storage
 from bert_jax import train as train_lib  # defines --workdir and the distributed flags this command shares
 from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import documents, plain_text, prepare
@@ -41,7 +45,6 @@ from bert_jax.metrics_writer import machine_description
 from bert_jax.tasks import glue
 from bert_jax.workdir import CHECKPOINT_DIR, METRICS_FILE, RESULTS_FILE, SECONDS_FILE
 
-SHARED_DATA = "../shared/data"  # relative to the working directory, else to the repository root (resolve_path)
 # ELECTRA's convention: one score per task.
 TASK_SCORE = {"cola": "dev_mcc", "sst2": "dev_accuracy", "mrpc": "dev_accuracy", "stsb": "dev_spearman",
               "rte": "dev_accuracy", "qnli": "dev_accuracy", "wnli": "dev_accuracy"}
@@ -49,9 +52,11 @@ BASELINE = "no pretraining"
 BASELINE_RECIPE = "BERT from its random initialisation"
 
 flags.DEFINE_string("budget", "cpu-small", "A budget of configs/compare.py.")
-flags.DEFINE_string("corpus", f"{SHARED_DATA}/corpus/gutenberg-[!R]*.txt,{SHARED_DATA}/corpus/wikitext-*.txt",
-                    "Comma-separated globs of raw text files to pretrain on.")
-flags.DEFINE_string("glue_dir", f"{SHARED_DATA}/glue", "Folder of the GLUE task folders (SST-2, MRPC, ...).")
+flags.DEFINE_string("corpus", "data/corpus/*.txt", "Comma-separated globs of raw text files to pretrain on (the "
+                    "bundled books by default).")
+flags.DEFINE_string("glue", "tfds:glue", "GLUE for every task: tfds:glue, the hub's nyu-mll/glue folder, or a folder "
+                    "of GLUE task folders (SST-2/, RTE/, ...).")
+flags.DEFINE_string("tfds_data_dir", None, "Where TFDS datasets are built (TFDS's default folder if unset).")
 flags.DEFINE_string("results_dir", "results", "Where compare.md, compare.json and the plots go.")
 flags.DEFINE_integer("seed", 0, "Pretraining seed of every family (fine-tuning seeds come from the budget).")
 
@@ -114,10 +119,11 @@ def checkpoint_steps(total_steps: int, points) -> list[int]:
 
 
 def finetune_config(task: str, init: storage.Path, seed: int, budget: ml_collections.ConfigDict,
-                    glue_dir: storage.Path) -> ml_collections.ConfigDict:
+                    glue_source: str, tfds_data_dir: str | None = None) -> ml_collections.ConfigDict:
     config = ml_collections.ConfigDict(config_lib.load_preset("glue", task).to_dict())
     ft = budget.finetune
-    config.update(init=str(init), data_dir=str(glue_dir / glue.get_task(task).name), seed=seed,
+    config.update(init=str(init), data_dir=glue.task_data_dir(glue_source, glue.get_task(task)),
+                  tfds_data_dir=tfds_data_dir or "", seed=seed,
                   batch_size=ft.batch_size,
                   num_epochs=ft.num_epochs, max_seq_length=ft.max_seq_length,
                   max_train_examples=ft.max_train_examples, checkpoint_every_steps=1_000_000)
@@ -154,7 +160,7 @@ def prepare_corpus(patterns: str, workdir: storage.Path, compared) -> dict[str, 
         texts = [str(p) for p in storage.glob(f"{text_dir}/*") if p.name != "done"]
         for kind, path, lowercase in set(tokenizers.values()):
             units = prepare.work_units(texts, prepared_dir(workdir, kind, path), str(path), kind, lowercase,
-                                       docs_per_shard=1000, tfds=None)
+                                       docs_per_shard=1000)
             prepare.prepare(units, num_workers=1)
 
     on_process_zero("bert_jax compare: corpus", write_files)
@@ -354,16 +360,14 @@ def plot(report: dict, results_dir: storage.Path) -> None:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: storage.PathLike,
-        results_dir: storage.PathLike, seed: int = 0) -> dict:
+def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_source: storage.PathLike,
+        results_dir: storage.PathLike, seed: int = 0, tfds_data_dir: str | None = None) -> dict:
     """Every stage; returns the report that compare.json holds. The folders may be local or in a bucket."""
     start = time.perf_counter()
-    workdir, glue_dir, results_dir = map(storage.as_path, (workdir, glue_dir, results_dir))
+    workdir, results_dir, glue_source = storage.as_path(workdir), storage.as_path(results_dir), str(glue_source)
     budget = config_lib.load_preset("compare", budget_name)
     compared = [f for f in families.names() if f in budget.learning_rates]
-    missing = [glue.get_task(t).name for t in budget.finetune.tasks if not (glue_dir / glue.get_task(t).name).is_dir()]
-    if missing:
-        raise glue.GlueDataError(f"--glue_dir={glue_dir} lacks the task folders {missing}; download GLUE there")
+    glue.check_tasks([glue.get_task(t) for t in budget.finetune.tasks], glue_source, tfds_data_dir, "--glue")
     if jax.process_index() == 0:
         storage.check_writable(results_dir)  # now, not after hours of training
     train_lib.enable_compilation_cache(str(workdir / "xla_cache"))  # fine-tunes of one shape compile once
@@ -395,7 +399,8 @@ def run(budget_name: str, workdir: storage.PathLike, corpus: str, glue_dir: stor
                 for ft_seed in seeds:
                     run_loop.announce("== fine-tuning %s (step %d) on %s, seed %d", name, step, task, ft_seed)
                     run_dir = workdir / "finetune" / name.replace(" ", "_") / str(step) / task / f"seed{ft_seed}"
-                    results, seconds = run_finetune(finetune_config(task, init, ft_seed, budget, glue_dir), run_dir)
+                    results, seconds = run_finetune(finetune_config(task, init, ft_seed, budget, glue_source,
+                                                                   tfds_data_dir), run_dir)
                     runs[task].append(results)
                     finetune_seconds += seconds
             rows[name]["points"].append({"step": step, "flops": point_flops, "seeds": list(seeds), "runs": runs,
@@ -429,7 +434,8 @@ def main(argv):
     f = flags.FLAGS
     if f.coordinator_address or f.distributed:
         jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
-    report = run(f.budget, f.workdir, f.corpus, input_config.resolve_path(f.glue_dir), f.results_dir, f.seed)
+    glue_source = f.glue if data_sources.tfds_name(f.glue) else input_config.resolve_path(f.glue)
+    report = run(f.budget, f.workdir, f.corpus, glue_source, f.results_dir, f.seed, f.tfds_data_dir)
     summary = {name: row["points"][-1]["scores"]["glue_average"][0] for name, row in report["rows"].items()}
     print(electra_vs_bert(report))
     print(json.dumps({"budget": f.budget, "glue_average": summary, "minutes": report["seconds"] / 60}))

@@ -2,12 +2,14 @@
 
 Text format (BERT's): one sentence or paragraph per line, a blank line between documents. JSON-lines files
 (`*.jsonl`, `*.json`, as C4 and OpenWebText ship) hold one document per line, its text under a key, one sentence
-per non-empty line of it; TFDS examples are read the same way (`text_documents`). Any of them may be gzip (`.gz`) or
-bzip2 (`.bz2`) compressed. Both `prepare` drivers, `train_tokenizer` and the pipeline's `config.data.input_files`
-read through `read_documents`. Memory is bounded whatever the input: a line is read at most MAX_LINE_BYTES at a
-time (a JSON record at most MAX_RECORD_BYTES), a document holds at most MAX_DOCUMENT_CHARS characters, and the
-tokenizer gets about ENCODE_BATCH_CHARS at once. Bad input is skipped or cut and counted, never fatal mid-run; the
-first few of each kind are named (file:line) in `Counts.where` (and the first invalid or long line is logged):
+per non-empty line of it; parquet files (`*.parquet`, as the hub ships FineWeb and Wikipedia) hold one document per
+row, its text in a column; TFDS examples are read the same way (`text_documents`). Text and JSON lines may be gzip
+(`.gz`) or bzip2 (`.bz2`) compressed. Both `prepare` drivers, `train_tokenizer` and the pipeline's
+`config.data.input_files` read through `read_documents`. Memory is bounded whatever the input: a line is read at
+most MAX_LINE_BYTES at a time (a JSON record at most MAX_RECORD_BYTES, parquet a row group), a document holds at
+most MAX_DOCUMENT_CHARS characters, and the tokenizer gets about ENCODE_BATCH_CHARS at once. Bad input is skipped
+or cut and counted, never fatal mid-run; the first few of each kind are named (file:line) in `Counts.where` (and
+the first invalid or long line is logged):
   empty_files                 files with no text at all
   invalid_utf8_lines          lines that are not UTF-8
   one_sentence_documents      documents with fewer than two non-empty sentences (no sentence pair can come of them)
@@ -15,7 +17,8 @@ first few of each kind are named (file:line) in `Counts.where` (and the first in
   long_lines_split            lines of MAX_LINE_BYTES or more, cut into pieces (each a sentence) at their last
                               space within the limit, or between two UTF-8 characters when there is none
   unreadable_files            files that could not be opened or decompressed (`prepare` counts them and goes on)
-  invalid_records             JSON lines that are not an object with a string under the text key
+  invalid_records             JSON lines that are not an object with a string under the text key, parquet rows
+                              whose text is null
   long_records_skipped        JSON lines of MAX_RECORD_BYTES or more
   empty_records               JSON records or TFDS examples without any text
 A shard record is a `tf.train.Example` with `token_ids` (the document's tokens, flat) and `sentence_lengths`.
@@ -35,7 +38,7 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 import numpy as np
 from absl import logging
 
-from bert_jax import storage
+from bert_jax import data_sources, storage
 from bert_jax.errors import UserError
 from bert_jax.input_pipeline import config as config_lib
 
@@ -180,6 +183,15 @@ def is_json_lines(path: storage.PathLike) -> bool:
     return os.fspath(path).removesuffix(".gz").removesuffix(".bz2").endswith(JSON_SUFFIXES)
 
 
+def is_parquet(path: storage.PathLike) -> bool:
+    return os.fspath(path).endswith(".parquet")
+
+
+def has_records(path: storage.PathLike) -> bool:
+    """Whether a file holds one document per record (JSON lines, parquet rows) with its text under a key."""
+    return is_json_lines(path) or is_parquet(path)
+
+
 def read_file(path: storage.PathLike, read: Callable[[BinaryIO], Iterator]) -> Iterator:
     """`read(stream)` on a file (local or gs://), decompressed by its suffix; a file that cannot be opened or
     decompressed is an UnreadableFileError naming it, whenever that shows."""
@@ -240,12 +252,31 @@ def json_records(stream: BinaryIO, name: str, text_key: str, counts: Counts) -> 
         yield from text_documents(text.encode("utf-8"), place, counts)
 
 
+def parquet_records(path: storage.PathLike, text_key: str, counts: Counts) -> Iterator[list[str]]:
+    """The documents of a parquet file, one row's text in the `text_key` column at a time (`text_documents`),
+    read a batch of rows at a time; rows whose text is null are skipped and counted."""
+    row = 0
+    hint = "name the text column with --text_key (config.data.input_files reads 'text')"
+    for batch in data_sources.parquet_columns(path, [text_key], hint):
+        for text in batch[text_key]:
+            place = f"{os.fspath(path)}:row {row}"
+            row += 1
+            if not isinstance(text, str):
+                counts.note("invalid_records", place)
+                continue
+            yield from text_documents(text.encode("utf-8"), place, counts)
+
+
 def read_documents(path: storage.PathLike, counts: Counts, text_key: str = "text") -> Iterator[list[str]]:
-    """Stream the documents of one file (local or gs://; text, or JSON lines with their text under `text_key`) as
-    lists of lines; skips are added to `counts`."""
+    """Stream the documents of one file (local or gs://; text, or JSON lines or parquet with their text under
+    `text_key`) as lists of lines; skips are added to `counts`."""
     empty = True
-    docs = (read_file(path, lambda stream: json_records(stream, os.fspath(path), text_key, counts))
-            if is_json_lines(path) else group_documents(file_lines(path, counts), counts))
+    if is_parquet(path):
+        docs = parquet_records(path, text_key, counts)
+    elif is_json_lines(path):
+        docs = read_file(path, lambda stream: json_records(stream, os.fspath(path), text_key, counts))
+    else:
+        docs = group_documents(file_lines(path, counts), counts)
     for doc in docs:
         empty = False
         yield doc

@@ -4,7 +4,8 @@
         --output=DIR FILES...
 
 Outputs: wordpiece -> DIR/vocab.txt; sentencepiece -> DIR/spiece.model (+ .vocab); bpe -> DIR/vocab.json + merges.txt.
-FILES and DIR may be local or gs://, text or JSON lines (--text_key), maybe compressed. The text is read as `prepare`
+FILES and DIR may be local or gs://; FILES are text, JSON lines or parquet files (--text_key), globs or folders of
+parquet files, as `prepare` takes them. The text is read as `prepare`
 reads it (documents.read_documents: long lines cut, invalid UTF-8 skipped, each counted and reported), and the
 tokenizer learns from a uniform random sample of --sample_sentences of its sentences drawn in one pass (reservoir
 sampling, the same for the same --seed), so memory holds the sample whatever the corpus (160 GB included); the files
@@ -26,7 +27,7 @@ import tokenizers
 from absl import flags
 
 from bert_jax import cli, storage
-from bert_jax.input_pipeline import documents
+from bert_jax.input_pipeline import documents, prepare_units
 from bert_jax.input_pipeline import tokenizers as tokenizers_lib
 
 FLAGS = flags.FLAGS
@@ -90,7 +91,10 @@ def _train(kind: str, lines: Iterator[str], vocab_size: int, output: str, lowerc
 
 def main(argv):
     counts = documents.new_counts()
-    path = train(FLAGS.kind, argv[1:], FLAGS.vocab_size, FLAGS.output, FLAGS.lowercase, counts,
+    files = prepare_units.expand_inputs(argv[1:])  # globs and folders of parquet files, as prepare takes them
+    if tfds := [str(f) for f in files if not isinstance(f, str)]:
+        raise prepare_units.PrepareError(f"{tfds[0]}: train_tokenizer reads files; prepare reads TFDS datasets")
+    path = train(FLAGS.kind, files, FLAGS.vocab_size, FLAGS.output, FLAGS.lowercase, counts,
                  FLAGS.sample_sentences, FLAGS.seed, FLAGS.text_key)
     tokenizer = tokenizers_lib.load_tokenizer(FLAGS.kind, path)
     skipped = {k: counts[k] for k in documents.SKIP_COUNTS if counts[k]}

@@ -6,6 +6,10 @@ and no token-to-text realignment is needed. For WordPiece this gives exactly the
 
 A context longer than the window is covered by several features `doc_stride` tokens apart; a token is scored only in
 the window where it has the most context on both sides (BERT's run_squad rule).
+
+The data comes in any form of bert_jax.data_sources: the official JSON files, the hub's rajpurkar/squad (or
+squad_v2) parquet files, or TFDS squad/v1.1 (v2.0). All give the same questions; the JSON and the hub keep the
+file's order, while TFDS stores questions shuffled and keeps no position, so its order is TFDS's own.
 """
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import unicodedata
 
 import numpy as np
 
-from bert_jax import storage
+from bert_jax import data_sources, storage
 from bert_jax.errors import UserError
 from bert_jax.tasks.text import pack, pad_rows, special_count
 
@@ -107,13 +111,80 @@ def questions_of(articles: list, source: str) -> list[Question]:
     return questions
 
 
+# How the official download names each split's file, and the hub repository and config folder of each version.
+JSON_URL = "https://rajpurkar.github.io/SQuAD-explorer/dataset/"
+JSON_FILES = {"v1.1": {"train": "train-v1.1.json", "validation": "dev-v1.1.json"},
+              "v2.0": {"train": "train-v2.0.json", "validation": "dev-v2.0.json"}}
+HUB = {"v1.1": ("rajpurkar/squad", "plain_text"), "v2.0": ("rajpurkar/squad_v2", "squad_v2")}
+ROW_COLUMNS = ["id", "question", "context", "answers"]
+
+
+def questions_of_rows(columns: dict[str, list], where: str) -> list[Question]:
+    """Questions from rows in the layout TFDS and the hub share (id, question, context, answers: {text,
+    answer_start}); a question without answers is unanswerable (v2.0)."""
+    decode = lambda v: v.decode("utf-8") if isinstance(v, bytes) else str(v)
+    questions = [Question(decode(qid), decode(question), decode(context),
+                          tuple((decode(t), int(a)) for t, a in zip(answers["text"], answers["answer_start"])),
+                          not len(answers["text"]))
+                 for qid, question, context, answers in zip(*(columns[k] for k in ROW_COLUMNS))]
+    if not questions:
+        raise SquadDataError(f"{where}: holds no questions")
+    return questions
+
+
+def read_questions(source: str, split: str, version: str, tfds_data_dir: str | None = None,
+                   flag: str = "--config.data_dir") -> list[Question]:
+    """The questions of one split (train | validation) of the SQuAD data `source` names: a JSON or parquet file, a
+    folder of the official JSON files, the hub's rajpurkar/squad (or squad_v2: its root or config folder), or
+    tfds:squad[/v1.1]. `version` (v1.1 | v2.0) picks the file names and the TFDS config; `flag` names the source in
+    errors."""
+    if name := data_sources.tfds_name(source):
+        if name.split:
+            raise SquadDataError(f"{flag}={name}: fine-tuning reads the train and validation splits itself; drop "
+                                 f"':{name.split}' (or name one file with config.train_file / predict_file)")
+        dataset = f"squad/{version}" if name.name == "squad" else name.name
+        rows = list(data_sources.tfds_rows(dataset, split, tfds_data_dir, f"{flag}={source}"))
+        columns = {key: [row[key] for row in rows] for key in ROW_COLUMNS}
+        return questions_of_rows(columns, f"{flag}=tfds:{dataset} split {split!r}")
+    path = storage.as_path(source)
+    if path.suffix == ".parquet":
+        return read_parquet([path])
+    if path.suffix == ".json":
+        return questions_of(read_articles(path), str(path))
+    repo, config = HUB[version]
+    if hub := data_sources.hub_config_folder(path, config):
+        return read_parquet(data_sources.hub_split_files(hub, split))
+    file = JSON_FILES[version][split]
+    if (path / file).exists():
+        return questions_of(read_articles(path / file), str(path / file))
+    raise SquadDataError(
+        f"{flag}={source}: no SQuAD {version} {split} data there (neither {file} nor the hub's "
+        f"{config}/{split}-*.parquet); download it: {data_sources.hub_download_command(repo, source)} (or "
+        f"curl --create-dirs -o {path / file} {JSON_URL}{file})")
+
+
+def read_parquet(files: list[storage.Path]) -> list[Question]:
+    """The questions of the hub's SQuAD parquet files, in file order."""
+    columns = {key: [] for key in ROW_COLUMNS}
+    for file in files:
+        for batch in data_sources.parquet_columns(file, ROW_COLUMNS, "give a parquet file of rajpurkar/squad"):
+            for key in ROW_COLUMNS:
+                columns[key] += batch[key]
+    return questions_of_rows(columns, ", ".join(map(str, files)))
+
+
 def read_squad(path: storage.PathLike, training: bool) -> list[Example]:
-    """Questions in file order (the file local or in a bucket). As BERT's run_squad, a first answer whose text is
-    not at its answer_start is counted; in training its question is skipped, in evaluation it is kept (the scorer
-    reads the gold texts)."""
+    """The examples of a SQuAD JSON file (local or in a bucket), in file order; see `examples_of`."""
     path = storage.as_path(path)
+    return examples_of(questions_of(read_articles(path), str(path)), training, str(path))
+
+
+def examples_of(questions: list[Question], training: bool, source: str) -> list[Example]:
+    """Examples of questions in their order. As BERT's run_squad, a first answer whose text is not at its
+    answer_start is counted; in training its question is skipped, in evaluation it is kept (the scorer reads the
+    gold texts). `source` names where they came from in the log and errors."""
     examples, misplaced = [], []
-    for q in questions_of(read_articles(path), str(path)):
+    for q in questions:
         start = end = -1
         if not q.is_impossible:
             text, answer_start = q.answers[0]
@@ -125,10 +196,10 @@ def read_squad(path: storage.PathLike, training: bool) -> list[Example]:
                     continue
         examples.append(Example(q.qid, q.question, q.context, start, end, q.is_impossible))
     if misplaced:
-        logging.warning("%s: %d answers are not at their answer_start%s (first: question %s)", path, len(misplaced),
-                        "; their questions are skipped" if training else "", misplaced[0])
+        logging.warning("%s: %d answers are not at their answer_start%s (first: question %s)", source,
+                        len(misplaced), "; their questions are skipped" if training else "", misplaced[0])
     if not examples:
-        raise SquadDataError(f"{path}: none of its {len(misplaced)} answers is at its answer_start, so there is "
+        raise SquadDataError(f"{source}: none of its {len(misplaced)} answers is at its answer_start, so there is "
                              "nothing to train on; fix the answer_start offsets")
     return examples
 

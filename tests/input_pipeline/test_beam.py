@@ -11,13 +11,13 @@ import pytest
 
 pytest.importorskip("apache_beam")
 
-from bert_jax.input_pipeline import beam_prepare, prepare  # noqa: E402
+from bert_jax.input_pipeline import beam_prepare, prepare, prepare_units  # noqa: E402
 from bert_jax.input_pipeline.config import REPO_ROOT  # noqa: E402
 from test_prepare import VOCAB, mixed_inputs  # noqa: E402
 
 
 def job(inputs, out):
-    return prepare.work_units(inputs, out, VOCAB, "wordpiece", True, 1, None)
+    return prepare.work_units(inputs, out, VOCAB, "wordpiece", True, 1)
 
 
 def written(folder):
@@ -39,7 +39,7 @@ def test_direct_runner_in_process_writes_what_the_local_driver_writes(local):
     out = folder / "in_memory"
     assert beam_prepare.run(job(inputs, out), "DirectRunner", ["--direct_running_mode=in_memory"]) == summary
     assert written(out) == written(folder / "local") and len(written(out)) > 12
-    assert json.loads((out / prepare.SUMMARY).read_text()) == summary
+    assert json.loads((out / prepare_units.SUMMARY).read_text()) == summary
     assert summary["documents"] == 12 and summary["invalid_utf8_lines"] == summary["unreadable_files"] == 1
     assert summary["where"]["invalid_utf8_lines"] == [f"{folder}/in/messy.txt:2"]
 
@@ -55,7 +55,7 @@ def test_cli_on_two_worker_processes_writes_what_the_local_driver_writes(local):
         capture_output=True, text=True, env=env, timeout=300, cwd=REPO_ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert written(out) == written(folder / "local")
-    assert json.loads((out / prepare.SUMMARY).read_text()) == summary
+    assert json.loads((out / prepare_units.SUMMARY).read_text()) == summary
     assert f"summary: documents={summary['documents']}," in result.stdout
     assert f"  invalid_utf8_lines: {folder}/in/messy.txt:2" in result.stdout.splitlines()
 

@@ -93,7 +93,7 @@ def test_too_few_documents_says_why(tmp_path):
 def test_a_changed_input_or_setting_is_prepared_again(tmp_path):
     text, out = tmp_path / "text.txt", tmp_path / "out"
     text.write_text("One. Two.\nThree.\n\nFour.\nFive.\n\nSix.\nSeven.\n")
-    job = prepare.work_units([str(text)], out, VOCAB, "wordpiece", True, 1, None)
+    job = prepare.work_units([str(text)], out, VOCAB, "wordpiece", True, 1)
     assert prepare.prepare(job, num_workers=1)["shards"] == 3
     own_files = {out / "00000-notes.txt": "mine", out / "00000-0002.tfrecord.bak": "mine too"}
     for path, content in own_files.items():
@@ -109,7 +109,7 @@ def test_a_changed_input_or_setting_is_prepared_again(tmp_path):
     assert [len(lengths) for _, lengths in documents.read_shards(sorted(out.glob("*.tfrecord")))] == [2, 2]
     assert all(path.read_text() == content for path, content in own_files.items())  # not prepare's to delete
 
-    bigger_shards = prepare.work_units([str(text)], out, VOCAB, "wordpiece", True, 10, None)
+    bigger_shards = prepare.work_units([str(text)], out, VOCAB, "wordpiece", True, 10)
     assert prepare.prepare(bigger_shards, num_workers=1)["shards"] == 1  # a flag that changes the shards
     assert json.loads((out / "00000.done.json").read_text())["made_from"]["docs_per_shard"] == 10
 

@@ -50,8 +50,7 @@ def prepared(corpus, gcs_server, tmp_path_factory):
                          "--docs_per_shard=8", *(f"{bucket}/text/{name}" for name, _ in SAMPLES), env=gcs_server.env())
     assert result.returncode == 0, result.stderr[-3000:]
     out = tmp_path_factory.mktemp("prepared")
-    units = prepare.work_units([str(local / name) for name, _ in SAMPLES], out, str(VOCAB), "wordpiece", True, 8,
-                               None)
+    units = prepare.work_units([str(local / name) for name, _ in SAMPLES], out, str(VOCAB), "wordpiece", True, 8)
     return out, f"{bucket}/prepared", prepare.prepare(units, num_workers=1)
 
 

@@ -4,6 +4,7 @@ import bz2
 import gzip
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
+from bert_jax.data_sources import DataSourceError
 from bert_jax.input_pipeline import documents, prepare
 from bert_jax.input_pipeline.config import REPO_ROOT
 from bert_jax.input_pipeline.pipeline import PretrainingPipeline
@@ -20,7 +22,7 @@ CORPUS = sorted((REPO_ROOT / "data" / "corpus").glob("*.txt"))
 
 
 def units(inputs, output, docs_per_shard=50_000):
-    return prepare.work_units([str(i) for i in inputs], output, VOCAB, "wordpiece", True, docs_per_shard, None)
+    return prepare.work_units([str(i) for i in inputs], output, VOCAB, "wordpiece", True, docs_per_shard)
 
 
 @pytest.fixture()
@@ -62,7 +64,7 @@ def mixed_inputs(folder):
 
 def test_formats_and_bad_input_are_counted_and_named(tmp_path):
     inputs = mixed_inputs(tmp_path / "in")
-    job = prepare.work_units(inputs, tmp_path / "out", VOCAB, "wordpiece", True, 1, None)
+    job = prepare.work_units(inputs, tmp_path / "out", VOCAB, "wordpiece", True, 1)
     assert [os.path.basename(u["path"]) for u in job] == [
         "broken.txt.gz", "brown.txt", "empty.txt", "messy.txt", "persuasion.txt.gz", "sense.txt.bz2", "pages.jsonl"]
     summary = prepare.prepare(job, num_workers=1)
@@ -86,7 +88,7 @@ def test_formats_and_bad_input_are_counted_and_named(tmp_path):
     records = [json.loads(line) for line in (folder / "pages.jsonl").read_text().splitlines()[:-4]]
     (tmp_path / "plain" / "pages.txt").write_text("\n\n".join(r["text"] for r in records), encoding="utf-8")
     plain = prepare.work_units([str(tmp_path / "plain" / n) for n in ("persuasion.txt", "sense.txt", "pages.txt")],
-                               tmp_path / "plain_out", VOCAB, "wordpiece", True, 1, None)
+                               tmp_path / "plain_out", VOCAB, "wordpiece", True, 1)
     prepare.prepare(plain, num_workers=1)
     for unit, plain_unit in [("00004", "00000"), ("00005", "00001"), ("00006", "00002")]:
         assert shard_documents(tmp_path / "out", unit) == shard_documents(tmp_path / "plain_out", plain_unit) != []
@@ -157,10 +159,14 @@ def test_cli_in_parallel_with_summary(tmp_path):
 def test_missing_inputs_and_unavailable_tfds(tmp_path):
     with pytest.raises(documents.InputFilesError, match="prepare FILES: input files not found: .*nope.txt"):
         units([tmp_path / "nope.txt"], tmp_path)
-    with pytest.raises(prepare.PrepareError, match="--tfds=wikipedia/20230601.en: not available offline"):
-        prepare.tfds_builder("wikipedia/20230601.en", str(tmp_path))
-    with pytest.raises(prepare.PrepareError, match="--tfds=no_such_corpus: no such TFDS dataset"):
-        prepare.tfds_builder("no_such_corpus", str(tmp_path))
+    tfds_units = lambda name: prepare.work_units([name], tmp_path, VOCAB, "wordpiece", True, 1,
+                                                 tfds_data_dir=str(tmp_path))
+    with pytest.raises(DataSourceError, match=re.escape(
+            f"tfds:wikipedia/20230601.en: TFDS wikipedia/20230601.en is not built in {tmp_path}; fetch it where "
+            f"there is network: pip install -e '.[data]' && tfds build wikipedia/20230601.en --data_dir={tmp_path}")):
+        tfds_units("tfds:wikipedia/20230601.en")
+    with pytest.raises(DataSourceError, match="tfds:no_such_corpus: no TFDS dataset no_such_corpus"):
+        tfds_units("tfds:no_such_corpus")
 
 
 def test_documents_without_blank_lines_are_cut(tmp_path, monkeypatch):

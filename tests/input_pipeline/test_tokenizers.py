@@ -21,13 +21,12 @@ HARD_CASES = ["Café naïve RÉSUMÉ façade", "東京は日本の首都です�
 
 
 def real_lines(n=3000):
-    """Lines of the sample corpus plus SST-2 sentences where the shared data folder exists."""
+    """Lines of the sample corpus plus the bundled GLUE sentences (news, captions, forum text)."""
     lines = []
     for path in sorted((DATA / "corpus").glob("*.txt")):
         lines += [line for line in path.read_text(encoding="utf-8").splitlines() if line][:n // 3]
-    sst = REPO_ROOT.parent / "shared" / "data" / "glue" / "SST-2" / "dev.tsv"  # DESIGN.md: ../shared/data
-    if sst.exists():
-        lines += [row.split("\t")[0] for row in sst.read_text(encoding="utf-8").splitlines()[1:500]]
+    for path in sorted((DATA / "glue").glob("*/*.tsv")):
+        lines += [text for row in path.read_text(encoding="utf-8").splitlines()[1:] for text in row.split("\t")[-3:]]
     return lines + HARD_CASES
 
 
