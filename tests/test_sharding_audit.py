@@ -1,7 +1,7 @@
 """The compiled train step holds the layout the rules promise, read from its HLO on 8 CPU devices.
 
 A small model with BERT's structure is compiled as the trainer compiles it, for data, FSDP, tensor and mixed meshes:
-8 heads so that every mesh below splits them, and a vocabulary of 1000 (padded to 1024) so that the tied word
+8 heads so that every mesh below splits them, and a vocabulary of 1000 (padded to 1152) so that the tied word
 embeddings hold BERT-base's share of the parameters (21%); XLA on CPU reduces their two gradient contributions
 (lookup and MLM projection) separately, which costs data parallelism that share again. From the partitioned module:
 (a) every activation keeps the batch split over data x fsdp, (b) the collectives move at most 1.3x the bytes of
@@ -70,6 +70,27 @@ def test_sizes_that_do_not_split_are_named_before_compiling(key, value, message)
         config.model.hidden_size = 768
     with pytest.raises(sharding.MeshError, match=message):
         train.validate(config, sharding.make_mesh(1, 1, 8))
+
+
+@pytest.mark.parametrize("tensor", [3, 6])
+def test_every_tensor_size_the_heads_allow_splits_the_padded_vocabulary(tensor):
+    """BERT-base's 12 heads allow tensor 3 and 6 (docs/training.md); the vocabulary, padded to 30720, takes them."""
+    config = config_lib.load_preset("bert", "base")
+    train.validate(config, sharding.make_mesh(1, 1, tensor, devices=jax.devices()[:tensor]))
+
+
+@pytest.mark.parametrize("heads, tensor, message", [
+    (12, 8, "config.model.num_attention_heads=12 does not split over mesh tensor=8; choose mesh.tensor among "
+            r"\[1, 2, 3, 4, 6, 12\]$"),
+    (7, 7, r"config.model.vocab_size=30522 \(padded to 30720 rows\) does not split over mesh tensor=7; choose "
+           r"mesh.tensor among \[1\]$"),
+])
+def test_refusals_list_only_the_sizes_every_check_accepts(heads, tensor, message):
+    config = config_lib.load_preset("bert", "base")
+    config.model.update(num_attention_heads=heads, hidden_size=64 * heads, embedding_size=64 * heads,
+                        intermediate_size=256 * heads)
+    with pytest.raises(sharding.MeshError, match=message):
+        train.validate(config, sharding.make_mesh(1, 1, tensor, devices=jax.devices()[:tensor]))
 
 
 def test_sequence_parallel_splits_the_residual_stream_over_tensor():
