@@ -20,6 +20,7 @@ import functools
 import jax
 import numpy as np
 from flax import linen as nn
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.errors import UserError
@@ -116,7 +117,16 @@ def make_mesh(data: int, fsdp: int, tensor: int, devices=None) -> Mesh:
     if int(np.prod(shape)) != len(devices) or min(shape) < 1:
         raise MeshError(f"config.mesh data*fsdp*tensor = {'*'.join(map(str, shape))} must equal the "
                         f"{len(devices)} devices; set one axis to -1 to fill the rest")
-    return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    slices = len({getattr(device, "slice_index", 0) for device in devices})
+    if slices == 1:
+        return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    # Multislice: slices talk over the data-center network, so only `data` (one gradient all-reduce a step) spans
+    # them; fsdp and tensor stay inside each slice's own interconnect.
+    if shape[0] % slices:
+        raise MeshError(f"config.mesh.data={shape[0]} must be a multiple of the {slices} slices: data parallelism is "
+                        "what spans slices; set mesh.data to -1 or a multiple of the slice count")
+    grid = mesh_utils.create_hybrid_device_mesh([shape[0] // slices, *shape[1:]], [slices, 1, 1], devices)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
 def split_sizes(model_config, seq_length: int, sequence_parallel: bool, padded_vocab_size: int):

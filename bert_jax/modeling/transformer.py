@@ -281,9 +281,24 @@ def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=N
     return jnp.einsum("...hqk,...khd->...qhd", weights.astype(value.dtype), value)
 
 
-def splash_block(seq_length: int) -> int:
-    """splash's q and kv tile: the largest of SPLASH_BLOCKS that divides S (attention_kernel checked one does)."""
-    return next(b for b in SPLASH_BLOCKS if seq_length % b == 0)
+def splash_block(seq_length: int, half_window: int | None = None) -> int:
+    """splash's q and kv tile: the largest of SPLASH_BLOCKS that divides S (attention_kernel checked that one does);
+    under a local window the smallest, so that fewer of the pairs a tile computes fall outside the window."""
+    fitting = [b for b in SPLASH_BLOCKS if seq_length % b == 0]
+    return fitting[0] if half_window is None else fitting[-1]
+
+
+def splash_tiles(seq_length: int, half_window: int | None) -> int:
+    """(q tile, kv tile) pairs the kernel computes for one example and head: all of them, or those a window of
+    half_window reaches (the others are skipped)."""
+    block = splash_block(seq_length, half_window)
+    count = seq_length // block
+    if half_window is None:
+        return count * count
+    starts = np.arange(count) * block
+    ends = starts + block - 1
+    reach = (starts[None, :] <= ends[:, None] + half_window) & (ends[None, :] >= starts[:, None] - half_window)
+    return int(reach.sum())
 
 
 def splash_kernel(seq_length: int, heads: int, half_window: int | None, interpret: bool):
@@ -293,7 +308,7 @@ def splash_kernel(seq_length: int, heads: int, half_window: int | None, interpre
 
     shape = (seq_length, seq_length)
     mask = splash.FullMask(shape) if half_window is None else splash.LocalMask(shape, (half_window, half_window), 0)
-    block = splash_block(seq_length)
+    block = splash_block(seq_length, half_window)
     blocks = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
                                block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
     return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=blocks, head_shards=1,
