@@ -342,10 +342,8 @@ def check(config: ml_collections.ConfigDict, topology: Topology, with_eval: bool
     return row
 
 
-flags.DEFINE_string("topology", None, "The TPU slice to compile for: v5p-8, v5p-128, v5e-16, v4-32, v6e-64, ... or "
-                    "a chip grid such as v5p:4x4x8.", required=True)
-flags.DEFINE_integer("num_slices", 1, "Slices of that topology in a multislice job (data parallelism spans them).")
-flags.DEFINE_bool("eval_step", True, "Compile the evaluation step as well.")
+TOPOLOGY_HELP = "The TPU slice to compile for: v5p-8, v5p-128, v5e-16, v4-32, v6e-64, ... or a chip grid (v5p:4x4x8)."
+NUM_SLICES_HELP = "Slices of that topology in a multislice job (data parallelism spans them)."
 
 
 def main(argv):
@@ -354,7 +352,10 @@ def main(argv):
     check(flags.FLAGS.config, parse_topology(flags.FLAGS.topology, flags.FLAGS.num_slices), flags.FLAGS.eval_step)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # the flags exist for the command only: experiments.compare imports this module
+    flags.DEFINE_string("topology", None, TOPOLOGY_HELP, required=True)
+    flags.DEFINE_integer("num_slices", 1, NUM_SLICES_HELP)
+    flags.DEFINE_bool("eval_step", True, "Compile the evaluation step as well.")
     flags.mark_flag_as_required("config")  # --config is bert_jax.train's; so is --workdir, which nothing here writes
     flags.FLAGS.set_default("workdir", "")
     cli.run(main)
