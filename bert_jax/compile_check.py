@@ -134,19 +134,20 @@ DEVICELESS_ENVIRONMENT = (
 )
 
 
-def set_deviceless_environment() -> None:
-    """What JAX and libtpu read when they start, for compiling with no TPU (DEVICELESS_ENVIRONMENT)."""
+def set_deviceless_environment(topology_name: str = "") -> None:
+    """What JAX and libtpu read when they start, for compiling with no TPU (DEVICELESS_ENVIRONMENT), and the slice
+    as TPU_ACCELERATOR_TYPE: set it before anything starts JAX, whose start already reads it."""
     for key, value in DEVICELESS_ENVIRONMENT:
         os.environ.setdefault(key, value)
+    if _SLICE.match(topology_name):
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology_name)
 
 
 def topology_devices(topology: Topology) -> list:
     """The compile-only devices of every chip of the topology (libtpu's description of it; no TPU needed)."""
     from jax.experimental import topologies
 
-    set_deviceless_environment()
-    if _SLICE.match(topology.name):
-        os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology.name)  # read once, when libtpu starts
+    set_deviceless_environment(topology.name)
     try:
         description = topologies.get_topology_desc(
             platform="tpu", topology_name=f"{topology.generation}:{'x'.join(map(str, topology.grid))}",
@@ -348,7 +349,7 @@ NUM_SLICES_HELP = "Slices of that topology in a multislice job (data parallelism
 
 def main(argv):
     del argv
-    set_deviceless_environment()
+    set_deviceless_environment(flags.FLAGS.topology)
     check(flags.FLAGS.config, parse_topology(flags.FLAGS.topology, flags.FLAGS.num_slices), flags.FLAGS.eval_step)
 
 

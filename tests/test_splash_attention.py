@@ -112,12 +112,15 @@ def test_splash_refuses_attention_dropout_and_untiled_lengths_in_one_line():
         transformer.attention_kernel(config, deterministic=True, seq_length=200)
 
 
-def test_local_layers_count_only_their_window_in_the_model_flops():
-    """flops.attended_pairs is the number of True entries of the window mask the model applies."""
+def test_local_layers_count_only_their_window_in_the_flops():
+    """flops.attended_pairs is the number of True entries of the window mask the model applies, splash_tiles the
+    number of 128-token tile pairs that mask reaches."""
     for seq, half_window in [(24, 4), (1000, 64), (16, 20)]:
         index = np.arange(seq)
         near = np.abs(index[:, None] - index[None]) <= half_window
         assert flops.attended_pairs(seq, half_window) == int(near.sum())
+    window = np.abs(np.arange(384)[:, None] - np.arange(384)[None]) <= 40
+    assert transformer.splash_tiles(384, 40) == int(window.reshape(3, 128, 3, 128).any(axis=(1, 3)).sum()) == 7
     base, global_only = (config_lib.load_preset("modernbert", "base").model for _ in range(2))
     global_only.global_attn_every_n_layers = 1
     saved = flops.encoder_forward_flops(global_only, 8192) - flops.encoder_forward_flops(base, 8192)

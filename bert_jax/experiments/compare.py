@@ -434,7 +434,7 @@ def compile_budget(budget_name: str, topology_name: str, num_slices: int, seed: 
     the compiler's estimated step time and MFU, and the TPU-hours (chips x estimated time) its steps would take."""
     from bert_jax import compile_check
 
-    compile_check.set_deviceless_environment()
+    compile_check.set_deviceless_environment(topology_name)
     budget = config_lib.load_preset("compare", budget_name)
     topology = compile_check.parse_topology(topology_name, num_slices)
     rows = {}
