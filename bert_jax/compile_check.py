@@ -257,6 +257,7 @@ def report(compiled: Compiled) -> dict:
             "collective_wire_gb": audit.wire_bytes(stats) / GB,
             "ideal_wire_gb": audit.ideal_wire_bytes(config, ideal) / GB,
             "donated": audit.donated_inputs(hlo) == len(jax.tree.leaves(compiled.program.abstract_state)),
+            "splash_share": kernel_flops / chip.peak_flops / step_seconds, "cycle_shares": cycle_shares(hlo),
             "eval_compiled": compiled.evaluate is not None}
 
 
@@ -289,6 +290,41 @@ def splash_flops(hlo_text: str, config, mesh) -> float:
         layers += model.num_hidden_layers
     fused = not calls["dq"]  # the fused backward computes dq in its dkv kernel: 5 matmuls a tile, else 4 + 3
     return forward_pass / layers * (calls["fwd"] + calls["dkv"] * (5 if fused else 4) / 2 + calls["dq"] * 3 / 2)
+
+
+_CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def cycle_shares(hlo_text: str) -> dict[str, float]:
+    """Where the compiler's per-instruction cycle estimates go, as shares: matmuls (convolution fusions), LayerNorms,
+    dropout, the optimizer update (outside the model's forward and backward), and everything else elementwise
+    (softmax, activations, casts, copies). Pallas kernels and asynchronous collectives carry no estimate."""
+    module = audit.computations(hlo_text)
+    runs = audit.computation_runs(module)
+    matmul_computations = {name for name, (_, lines) in module.items() if any(" convolution(" in x for x in lines)}
+    totals = dict.fromkeys(("matmuls", "layer_norms", "dropout", "optimizer", "other_elementwise"), 0)
+    for name, (_, lines) in module.items():
+        for line in lines:
+            cycles = _CYCLES.search(line)
+            if not cycles:
+                continue
+            callee = re.search(r"calls=%([\w.\-]+)", line)
+            named = _OP_NAME.search(line)
+            op_name = named.group(1) if named else ""
+            if "kind=kOutput" in line or (callee and callee.group(1) in matmul_computations):
+                kind = "matmuls"
+            elif "norm" in op_name:
+                kind = "layer_norms"
+            elif "ropout" in op_name:
+                kind = "dropout"  # its random bits (threefry) as well as the masking
+            elif not re.search(r"jvp\(\w+\)", op_name):  # the model's ops are traced under jvp(<its module>)
+                kind = "optimizer"
+            else:
+                kind = "other_elementwise"
+            totals[kind] += int(cycles.group(1)) * runs(name)
+    whole = sum(totals.values()) or 1
+    return {kind: cycles / whole for kind, cycles in totals.items()}
 
 
 def attention_on(mesh, config) -> str:
@@ -331,6 +367,9 @@ def print_report(row: dict) -> None:
     print(f"collectives per chip and step: {kinds}; {row['collective_gb']:.3f} GB against the layout's ideal "
           f"{row['ideal_gb']:.3f} GB (x{row['collective_gb'] / max(row['ideal_gb'], 1e-12):.2f}); on the wire "
           f"{row['collective_wire_gb']:.3f} GB against {row['ideal_wire_gb']:.3f} GB; state donated: {row['donated']}")
+    shares = ", ".join(f"{kind} {share:.0%}" for kind, share in row["cycle_shares"].items())
+    print(f"where the estimate goes: splash kernels {row['splash_share']:.0%} of the step; the compiler's cycles of "
+          f"the rest: {shares}")
 
 
 def check(config: ml_collections.ConfigDict, topology: Topology, with_eval: bool = True) -> dict:
