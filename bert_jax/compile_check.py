@@ -239,14 +239,16 @@ def report(compiled: Compiled) -> dict:
     cost = compiled.step.cost_analysis()
     hlo = compiled.step.as_text()
     kernel_flops = splash_flops(hlo, config, compiled.mesh)
-    step_seconds = cost["optimal_seconds"] + kernel_flops / chip.peak_flops
+    loops = loop_factor(hlo)
+    step_seconds = cost["optimal_seconds"] * loops + kernel_flops / chip.peak_flops
     model_flops = flops.train_step_flops(config) / topology.chips
     stats = audit.collective_stats(hlo)
     ideal = audit.ideal_bytes(config, compiled.mesh, compiled.program.state_shardings["params"],
                               compiled.program.abstract_state["params"])
     return {**base, "fits": total <= hbm, "per_chip_gb": total / GB, "temp_gb": memory.temp_size_in_bytes / GB,
-            "arguments_gb": memory.argument_size_in_bytes / GB, "hlo_flops": cost.get("flops", 0.0),
-            "splash_flops": kernel_flops, "model_flops": model_flops, "compiler_step_s": cost["optimal_seconds"],
+            "arguments_gb": memory.argument_size_in_bytes / GB, "hlo_flops": cost.get("flops", 0.0) * loops,
+            "splash_flops": kernel_flops, "model_flops": model_flops, "loop_factor": loops,
+            "compiler_step_s": cost["optimal_seconds"] * loops,
             "est_step_s": step_seconds,
             "est_mfu": model_flops / (step_seconds * chip.peak_flops),
             "est_tokens_per_s_per_chip": config.data.batch_size * config.data.seq_length / topology.chips
@@ -294,6 +296,20 @@ def splash_flops(hlo_text: str, config, mesh) -> float:
 
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
+
+
+def loop_factor(hlo_text: str) -> float:
+    """How much XLA's cost analysis undercounts a step with loops (scanned layers, micro-batches): it costs a while
+    body once, not once per iteration. The factor is the compiler's per-instruction cycle estimates summed with every
+    computation run as often as it runs, over the same sum with each run once; 1 without loops."""
+    module = audit.computations(hlo_text)
+    runs = audit.computation_runs(module)
+    once = every = 0
+    for name, (_, lines) in module.items():
+        cycles = sum(int(found.group(1)) for found in map(_CYCLES.search, lines) if found)
+        once += cycles
+        every += cycles * runs(name)
+    return every / once if once else 1.0
 
 
 def cycle_shares(hlo_text: str) -> dict[str, float]:

@@ -94,14 +94,13 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
 
 def computation_runs(module: dict[str, tuple[bool, list[str]]]):
     """name -> how many times that computation runs per step: the entry once; any other as often as its callers run,
-    times the known trip count for a while loop's body (1 when XLA does not know it; conditional branches count as
-    if taken). A computation nothing calls counts once."""
+    times its trip count for a while loop's body (loop_trips; conditional branches count as if taken). A computation
+    nothing calls counts once."""
     callers: dict[str, list[tuple[str, int]]] = {}
     for caller, (_, lines) in module.items():
         for line in lines:
-            trips = _TRIPS.search(line)
             for role, callee in _CALLEE.findall(line):
-                callers.setdefault(callee, []).append((caller, int(trips.group(1)) if role == "body" and trips else 1))
+                callers.setdefault(callee, []).append((caller, loop_trips(line, module) if role == "body" else 1))
             for group in _CALLEES.findall(line):
                 for callee in re.findall(r"%([\w.\-]+)", group):
                     callers.setdefault(callee, []).append((caller, 1))
@@ -113,6 +112,23 @@ def computation_runs(module: dict[str, tuple[bool, list[str]]]):
         return sum(trips * runs(caller) for caller, trips in callers[name])
 
     return runs
+
+
+def loop_trips(while_line: str, module: dict[str, tuple[bool, list[str]]]) -> int:
+    """Iterations of a while loop: XLA:CPU's known_trip_count, or (XLA:TPU drops it) the bound N of its condition
+    `compare(%counter, %constant), direction=LT` with `%constant = s32[] constant(N)`, as a scan's loop writes it
+    (counter from 0 by 1); 1 when neither is there."""
+    known = _TRIPS.search(while_line)
+    if known:
+        return int(known.group(1))
+    condition = re.search(r"condition=%([\w.\-]+)", while_line)
+    lines = module.get(condition.group(1), (False, []))[1] if condition else []
+    constants = dict(re.findall(r"%([\w.\-]+) = s32\[\]\S* constant\((\d+)\)", "\n".join(lines)))
+    for line in lines:
+        compare = re.search(r"compare\(%[\w.\-]+, %([\w.\-]+)\), direction=LT", line)
+        if compare and compare.group(1) in constants:
+            return int(constants[compare.group(1)])
+    return 1
 
 
 def group_size(line: str) -> int:

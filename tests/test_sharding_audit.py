@@ -148,14 +148,16 @@ def module(entry: str, *computations: str) -> str:
     return header + "\n".join([ADD, *computations]) + "\nENTRY %main.1 (p0: f32[256]) -> f32[256] {\n" + entry + "}\n"
 
 
-def loop(body_lines: str, trips: int, *computations: str) -> str:
-    """A module whose entry runs `body_lines` in a while loop of known trip count."""
+def loop(body_lines: str, trips: int | None, *computations: str) -> str:
+    """A module whose entry runs `body_lines` in a while loop: of known trip count (XLA:CPU), or, with trips None,
+    bounded by its condition alone (XLA:TPU; 24 iterations)."""
     body = ("%body.1 (param.1: (s32[], bf16[8,128])) -> (s32[], bf16[8,128]) {\n"
             "  %param.1 = (s32[], bf16[8,128]{1,0}) parameter(0)\n" + body_lines + "}\n")
-    cond = ("%cond.1 (param.2: (s32[], bf16[8,128])) -> pred[] {\n  %param.2 = (s32[], bf16[8,128]{1,0}) parameter(0)\n"
-            "  ROOT %lt = pred[] compare(%i, %n), direction=LT\n}\n")
-    entry = ("  %while.1 = (s32[], bf16[8,128]{1,0}) while(%tuple.1), condition=%cond.1, body=%body.1, "
-             f'backend_config={{"known_trip_count":{{"n":"{trips}"}}}}\n')
+    cond = ("%cond.1 (param.2: (s32[], bf16[8,128])) -> pred[] {\n  %constant.14 = s32[]{:T(128)} constant(24)\n"
+            "  %param.2 = (s32[], bf16[8,128]{1,0}) parameter(0)\n  %i = s32[]{:T(128)} get-tuple-element(%param.2), "
+            "index=0\n  ROOT %lt.0 = pred[]{:T(512)} compare(%i, %constant.14), direction=LT\n}\n")
+    known = f', backend_config={{"known_trip_count":{{"n":"{trips}"}}}}' if trips else ""
+    entry = f"  %while.1 = (s32[], bf16[8,128]{{1,0}}) while(%tuple.1), condition=%cond.1, body=%body.1{known}\n"
     return module(entry, *computations, body, cond)
 
 
@@ -191,6 +193,10 @@ TPU_FORMS = {
         "  %all-gather-start = (bf16[2,128]{1,0}, bf16[8,128]{1,0}) all-gather-start(%x), channel_id=3, "
         "replica_groups=[1,4]<=[4], dimensions={0}\n  %all-gather-done = bf16[8,128]{1,0} all-gather-done("
         "%all-gather-start)\n", 12), "all-gather", 12, 12 * 2048),
+    "loop whose trip count is only in its condition (XLA:TPU)": (loop(
+        "  %all-gather-start = (bf16[2,128]{1,0}, bf16[8,128]{1,0}) all-gather-start(%x), channel_id=3, "
+        "replica_groups=[1,4]<=[4], dimensions={0}\n  %all-gather-done = bf16[8,128]{1,0} all-gather-done("
+        "%all-gather-start)\n", None), "all-gather", 24, 24 * 2048),
     "fused reduce-scatter called from a loop body": (loop(
         "  %fusion.7 = bf16[1024,32]{1,0} fusion(%g), kind=kCustom, calls=%all-reduce-scatter.1\n", 24,
         FUSED_REDUCE_SCATTER), "reduce-scatter", 24, 24 * 1024 * 128 * 2),
