@@ -1,6 +1,7 @@
 """Fits-and-speed table for TPU pod slices, from the compiler alone (bert_jax.compile_check; no TPU needed).
 
     python benchmarks/tpu_compile.py [--rows=bert-large-512@v5p-8,...] [--out=benchmarks/tpu_compile.jsonl]
+    python benchmarks/tpu_compile.py --rows=bert-large-512@v5p-8:72   # that batch per chip only, no search
 
 Per row (a paper-size preset at a paper sequence length on a topology) it finds the largest batch per chip that
 fits in few compiles: one compile at a probe batch gives the memory as fixed + per-example (the temporaries scale with
@@ -116,13 +117,16 @@ def markdown(rows: list[dict]) -> str:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", default="", help="comma-separated family-size-seq@topology (default: the table)")
+    parser.add_argument("--rows", default="", help="comma-separated family-size-seq@topology[:batch per chip] "
+                        "(default: the table, each row's batch searched)")
     parser.add_argument("--out", default="benchmarks/tpu_compile.jsonl")
     args = parser.parse_args()
     wanted = [(f, s, q, t) for t in TOPOLOGIES for f, s, q in PRESETS]
+    batches = {}
     if args.rows:
-        order = args.rows.split(",")
-        wanted = sorted((w for w in wanted if row_name(*w) in order), key=lambda w: order.index(row_name(*w)))
+        names, _, given = zip(*(row.partition(":") for row in args.rows.split(",")))
+        batches = {name: int(batch) for name, batch in zip(names, given) if batch}
+        wanted = sorted((w for w in wanted if row_name(*w) in names), key=lambda w: names.index(row_name(*w)))
     done = {}
     if os.path.exists(args.out):
         with open(args.out) as f:
@@ -133,7 +137,10 @@ def main():
             continue
         print(f"{name}:", flush=True)
         topology = compile_check.parse_topology(topology_name)
-        row = largest_batch(family, size, seq, topology)
+        if name in batches:
+            row = compile_row(family, size, seq, topology, batches[name])
+        else:
+            row = largest_batch(family, size, seq, topology)
         row.update(name=name, preset=f"{family}-{size}")
         if row["fits"]:
             tokens_per_s = row["est_tokens_per_s_per_chip"] * row["chips"]
