@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from bert_jax import cli, families, flops, sharding, train
+from bert_jax import cli, config_lib, families, flops, sharding, train
 from bert_jax import sharding_audit as audit
 from bert_jax.errors import UserError
 from bert_jax.config_lib import generator_config
@@ -239,16 +239,15 @@ def report(compiled: Compiled) -> dict:
     cost = compiled.step.cost_analysis()
     hlo = compiled.step.as_text()
     kernel_flops = splash_flops(hlo, config, compiled.mesh)
-    loops = loop_factor(hlo)
-    step_seconds = cost["optimal_seconds"] * loops + kernel_flops / chip.peak_flops
+    compiler_seconds, hlo_flops, method = compiler_cost(compiled, cost)
+    step_seconds = compiler_seconds + kernel_flops / chip.peak_flops
     model_flops = flops.train_step_flops(config) / topology.chips
     stats = audit.collective_stats(hlo)
     ideal = audit.ideal_bytes(config, compiled.mesh, compiled.program.state_shardings["params"],
                               compiled.program.abstract_state["params"])
     return {**base, "fits": total <= hbm, "per_chip_gb": total / GB, "temp_gb": memory.temp_size_in_bytes / GB,
-            "arguments_gb": memory.argument_size_in_bytes / GB, "hlo_flops": cost.get("flops", 0.0) * loops,
-            "splash_flops": kernel_flops, "model_flops": model_flops, "loop_factor": loops,
-            "compiler_step_s": cost["optimal_seconds"] * loops,
+            "arguments_gb": memory.argument_size_in_bytes / GB, "hlo_flops": hlo_flops, "splash_flops": kernel_flops,
+            "model_flops": model_flops, "compiler_step_s": compiler_seconds, "estimate": method,
             "est_step_s": step_seconds,
             "est_mfu": model_flops / (step_seconds * chip.peak_flops),
             "est_tokens_per_s_per_chip": config.data.batch_size * config.data.seq_length / topology.chips
@@ -299,9 +298,10 @@ _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
 def loop_factor(hlo_text: str) -> float:
-    """How much XLA's cost analysis undercounts a step with loops (scanned layers, micro-batches): it costs a while
-    body once, not once per iteration. The factor is the compiler's per-instruction cycle estimates summed with every
-    computation run as often as it runs, over the same sum with each run once; 1 without loops."""
+    """How much XLA's cost analysis undercounts a step with loops: it costs a while body once, not once per
+    iteration. The compiler's per-instruction cycle estimates summed with every computation counted as often as it
+    runs, over the same sum counted once; 1 without loops. A rough scale (the two cost models weigh the loop body
+    differently): compiler_cost uses it only for loops other than scanned layers (gradient accumulation)."""
     module = audit.computations(hlo_text)
     runs = audit.computation_runs(module)
     once = every = 0
@@ -310,6 +310,34 @@ def loop_factor(hlo_text: str) -> float:
         once += cycles
         every += cycles * runs(name)
     return every / once if once else 1.0
+
+
+def shallow(config: ml_collections.ConfigDict, layers: int) -> ml_collections.ConfigDict:
+    """`config` with `layers` unscanned layers (ELECTRA's generator too); ALBERT keeps its one shared group."""
+    shallow_config = ml_collections.ConfigDict(config.to_dict())
+    model = shallow_config.model
+    model.num_hidden_groups = min(model.num_hidden_groups, layers) if model.num_hidden_groups > 1 else 1
+    model.update(num_hidden_layers=layers, scan_layers=False)
+    if model.generator.hidden_size > 0:
+        model.generator.num_hidden_layers = layers
+    return config_lib.lock(shallow_config)
+
+
+def compiler_cost(compiled: Compiled, cost: dict) -> tuple[float, float, str]:
+    """(the compiler's step seconds, HLO FLOPs, how they were had). XLA's cost analysis costs a while body once, so
+    for scanned layers they come from the same step compiled unscanned with 1 and 2 layers: t(L) = t1 + (L - 1)
+    (t2 - t1), exact for identical layers. Other loops (gradient accumulation) are scaled by loop_factor."""
+    config = compiled.config
+    depth = config.model.num_hidden_layers
+    generator_depth = config.model.generator.num_hidden_layers
+    if config.model.scan_layers and depth > 2 and generator_depth in (0, depth):
+        one, two = (compile_program(shallow(config, layers), compiled.topology, with_eval=False).step.cost_analysis()
+                    for layers in (1, 2))
+        extrapolate = lambda key: one[key] + (depth - 1) * (two[key] - one[key])
+        return extrapolate("optimal_seconds"), extrapolate("flops"), f"1 and 2 unscanned layers, x{depth}"
+    factor = loop_factor(compiled.step.as_text())
+    method = "as compiled" if factor == 1 else f"loops scaled by their share of cycles (x{factor:.2f})"
+    return cost["optimal_seconds"] * factor, cost.get("flops", 0.0) * factor, method
 
 
 def cycle_shares(hlo_text: str) -> dict[str, float]:
@@ -375,7 +403,8 @@ def print_report(row: dict) -> None:
     print(f"memory per chip: parameters + optimizer state {row['state_gb']:.2f} GB, temporaries (activations) "
           f"{row['temp_gb']:.2f} GB, total {row['per_chip_gb']:.2f} GB of {row['hbm_gb']:.1f} GB HBM")
     print(f"compute per chip (compiler's estimate, not a measurement): {row['hlo_flops']:.3g} HLO FLOPs, "
-          f"{row['model_flops']:.3g} model FLOPs, step {row['est_step_s'] * 1e3:.1f} ms, MFU {row['est_mfu']:.2f}, "
+          f"{row['model_flops']:.3g} model FLOPs ({row['estimate']}), step {row['est_step_s'] * 1e3:.1f} ms, "
+          f"MFU {row['est_mfu']:.2f}, "
           f"{row['est_tokens_per_s_per_chip']:.0f} tokens/s a chip; {row['total_steps']} steps in "
           f"{row['est_days']:.2f} days")
     kinds = ", ".join(f"{kind} {entry['count']} x / {entry['bytes'] / GB:.3f} GB"
