@@ -343,16 +343,19 @@ def compiler_cost(compiled: Compiled, cost: dict) -> tuple[float, float, str]:
 def cycle_shares(hlo_text: str) -> dict[str, float]:
     """Where the compiler's per-instruction cycle estimates go, as shares: matmuls (convolution fusions), LayerNorms,
     dropout, the optimizer update (outside the model's forward and backward), and everything else elementwise
-    (softmax, activations, casts, copies). Pallas kernels and asynchronous collectives carry no estimate."""
+    (softmax, activations, casts, copies), whose three largest sources (op names, layer numbers dropped) follow as
+    "other: <name>". Pallas kernels and asynchronous collectives carry no estimate."""
     module = audit.computations(hlo_text)
     runs = audit.computation_runs(module)
     matmul_computations = {name for name, (_, lines) in module.items() if any(" convolution(" in x for x in lines)}
     totals = dict.fromkeys(("matmuls", "layer_norms", "dropout", "optimizer", "other_elementwise"), 0)
+    others = {}
     for name, (_, lines) in module.items():
         for line in lines:
             cycles = _CYCLES.search(line)
             if not cycles:
                 continue
+            count = int(cycles.group(1)) * runs(name)
             callee = re.search(r"calls=%([\w.\-]+)", line)
             named = _OP_NAME.search(line)
             op_name = named.group(1) if named else ""
@@ -366,9 +369,13 @@ def cycle_shares(hlo_text: str) -> dict[str, float]:
                 kind = "optimizer"
             else:
                 kind = "other_elementwise"
-            totals[kind] += int(cycles.group(1)) * runs(name)
+                source = re.sub(r"layer_\d+", "layer_N", op_name.split(")/", 1)[-1])
+                others[source] = others.get(source, 0) + count
+            totals[kind] += count
     whole = sum(totals.values()) or 1
-    return {kind: cycles / whole for kind, cycles in totals.items()}
+    top = sorted(others.items(), key=lambda item: -item[1])[:3]
+    return {**{kind: cycles / whole for kind, cycles in totals.items()},
+            **{f"other: {source}": cycles / whole for source, cycles in top}}
 
 
 def attention_on(mesh, config) -> str:
