@@ -7,6 +7,9 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 TRAIN_WORKDIR ?= runs/bert-tiny
 TRAIN_FLAGS ?=
+# These targets run on the CPU. With libtpu installed (the test extra), JAX would look for a TPU first and warn;
+# on a TPU VM pass JAX_PLATFORMS= (empty) to let it find the TPU.
+export JAX_PLATFORMS ?= cpu
 
 .PHONY: test lint train bench
 

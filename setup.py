@@ -42,6 +42,9 @@ setup(
             "nbclient>=0.11",
             "nbformat>=5.11",
             "ipykernel>=7.4",
+            # tests/test_tpu_compile.py compiles for TPU slices with libtpu, on any machine (no TPU needed); the
+            # tests set JAX_PLATFORMS=cpu so that JAX does not look for a TPU (tests/conftest.py).
+            "jax[tpu]>=0.10",
         ],
         # prepare --runner=DirectRunner|DataflowRunner|...; it pins protobuf<7, which TensorFlow accepts
         # (docs/data.md). DataflowRunner wants apache-beam[gcp].
@@ -50,6 +53,7 @@ setup(
         # building imports importlib_resources (tensorflow/datasets#11212). `hf download` comes with tokenizers.
         "data": ["mlcroissant>=1.1.1", "importlib_resources>=7.1"],
         "gpu": ["jax[cuda12]>=0.10"],
+        # TPU VMs, and `python -m bert_jax.compile_check` on any machine (libtpu compiles without a TPU).
         "tpu": ["jax[tpu]>=0.10"],
     },
 )

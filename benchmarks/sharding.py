@@ -5,9 +5,10 @@
 
 Per model and mesh (data, fsdp, tensor), also with sequence parallelism ("sp") and with scanned layers ("scan"),
 it prints the collectives XLA put in one step (count and bytes per device, by kind), the textbook pattern's bytes
-for that layout (bert_jax.sharding_audit) and their ratio, and the temp memory per device. A mesh the model's sizes
-cannot split over is reported with the config check's message. Ends with one JSON line. Compiling on CPU measures
-the layout, not the speed of any accelerator.
+for that layout (bert_jax.sharding_audit) and their ratio, both also as bytes on the wire (an all-reduce moves twice
+its size on a ring), and the temp memory per device. A mesh the model's sizes cannot split over is reported with the
+config check's message. Ends with one JSON line. Compiling on CPU measures the layout, not the speed of any
+accelerator; bert_jax.compile_check and benchmarks/tpu_compile.py read the same from XLA:TPU.
 """
 from __future__ import annotations
 
@@ -63,6 +64,7 @@ def measure(config) -> dict:
             "collectives": {k: v for k, v in stats.items() if v["count"]},
             "collective_gb": audit.total_bytes(stats) / 1e9, "ideal_gb": sum(ideal.values()) / 1e9,
             "ratio_to_ideal": audit.total_bytes(stats) / max(1, sum(ideal.values())),
+            "wire_gb": audit.wire_bytes(stats) / 1e9, "ideal_wire_gb": audit.ideal_wire_bytes(config, ideal) / 1e9,
             "temp_gb": compiled.memory_analysis().temp_size_in_bytes / 1e9,
             "donated": audit.donated_inputs(hlo) == len(jax.tree.leaves(program.abstract_state))}
 
@@ -73,7 +75,8 @@ def print_row(model: str, row: dict) -> None:
         return
     kinds = ", ".join(f"{k} {v['count']} / {v['bytes'] / 1e9:.3f} GB" for k, v in row["collectives"].items())
     print(f"{model:12s} {row['mesh']:9s} {row['collective_gb']:7.3f} GB (ideal {row['ideal_gb']:.3f}, "
-          f"x{row['ratio_to_ideal']:.2f})  temp {row['temp_gb']:.2f} GB  donated {row['donated']}  "
+          f"x{row['ratio_to_ideal']:.2f}; wire {row['wire_gb']:.3f} GB, ideal {row['ideal_wire_gb']:.3f})  "
+          f"temp {row['temp_gb']:.2f} GB  donated {row['donated']}  "
           f"compile {row['compile_s']} s  [{kinds}]", flush=True)
 
 

@@ -19,8 +19,9 @@ ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "tanh")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 DTYPES = ("float32", "bfloat16")
 # "reference": Flax's attention, which materialises the probabilities and is the only one with attention dropout;
-# the others name a fused jax.nn.dot_product_attention kernel ("auto": cuDNN flash attention on GPU, XLA elsewhere).
-ATTENTION_IMPLS = ("auto", "xla", "cudnn", "reference")
+# "xla", "cudnn": a fused jax.nn.dot_product_attention kernel; "splash": Pallas' block-sparse flash kernel for TPU;
+# "auto": splash on TPU, cuDNN flash attention on GPU, XLA elsewhere.
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "reference")
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 SAMPLE_CORPUS = "data/corpus/*.txt"
 

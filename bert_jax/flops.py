@@ -12,12 +12,24 @@ from bert_jax.config_lib import generator_config
 from bert_jax.modeling.transformer import has_embedding_projection
 
 
+def attended_pairs(seq_length: int, half_window: int | None) -> int:
+    """(query, key) pairs of one sequence's attention: all of them, or those within half_window of each other."""
+    s = seq_length
+    if half_window is None or half_window >= s - 1:
+        return s * s
+    return s * (2 * half_window + 1) - half_window * (half_window + 1)
+
+
 def encoder_forward_flops(model, seq_length: int) -> int:
-    """One sequence through the embedding projection and all layers (shared layers count every time they run)."""
+    """One sequence through the embedding projection and all layers (shared layers count every time they run); a
+    local layer's attention counts only the pairs inside its window."""
     s, h, i = seq_length, model.hidden_size, model.intermediate_size
+    family = families.of(model)
     projection = 2 * s * model.embedding_size * h if has_embedding_projection(model) else 0
-    per_layer = 2 * s * 4 * h * h + 2 * s * families.of(model).ffn_matrices * h * i + 2 * 2 * s * s * h
-    return projection + model.num_hidden_layers * per_layer
+    dense = model.num_hidden_layers * (2 * s * 4 * h * h + 2 * s * family.ffn_matrices * h * i)
+    windows = [family.attention_half_window(model, layer) if family.attention_half_window else None
+               for layer in range(model.num_hidden_layers)]
+    return projection + dense + sum(2 * 2 * attended_pairs(s, window) * h for window in windows)
 
 
 def mlm_head_forward_flops(model, positions: int) -> int:

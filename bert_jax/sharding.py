@@ -20,6 +20,7 @@ import functools
 import jax
 import numpy as np
 from flax import linen as nn
+from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from bert_jax.errors import UserError
@@ -61,6 +62,8 @@ def logical_axis_rules(sequence_parallel: bool = False) -> tuple:
 # The rules `constrain` applies, set only while a step is traced. Not Flax's own rules context: under that, Flax
 # also constrains every parameter it unboxes, DenseGeneral's flattened init shapes included, which then fail.
 _ACTIVE_RULES = contextvars.ContextVar("bert_jax_activation_rules", default=None)
+# The platform of the mesh a step is traced for: a step compiled for a TPU topology on a CPU machine is a TPU step.
+_TARGET_PLATFORM = contextvars.ContextVar("bert_jax_target_platform", default=None)
 
 
 @contextlib.contextmanager
@@ -68,10 +71,12 @@ def activation_sharding(mesh: Mesh, sequence_parallel: bool = False):
     """While tracing inside this context (it may be entered inside jit) the models' activation constraints take
     effect on `mesh`; outside it they are no-ops."""
     token = _ACTIVE_RULES.set(logical_axis_rules(sequence_parallel))
+    platform = _TARGET_PLATFORM.set(mesh.devices.flat[0].platform)
     try:
         with jax.sharding.use_abstract_mesh(mesh.abstract_mesh):
             yield
     finally:
+        _TARGET_PLATFORM.reset(platform)
         _ACTIVE_RULES.reset(token)
 
 
@@ -79,6 +84,18 @@ def constrain(x, names: tuple):
     """Pin an activation's layout by logical names; a no-op outside `activation_sharding`."""
     rules = _ACTIVE_RULES.get()
     return x if rules is None else nn.with_logical_constraint(x, names, rules=rules)
+
+
+def active_spec(names: tuple) -> PartitionSpec | None:
+    """The mesh PartitionSpec that `constrain` gives these logical names, or None outside `activation_sharding`
+    (where a kernel that must be mapped over shards runs on whole arrays)."""
+    rules = _ACTIVE_RULES.get()
+    return None if rules is None else nn.logical_to_mesh_axes(names, rules)
+
+
+def target_platform() -> str:
+    """The platform the step being traced will run on: its mesh's inside `activation_sharding`, else JAX's default."""
+    return _TARGET_PLATFORM.get() or jax.default_backend()
 
 
 class MeshError(UserError, ValueError):
@@ -100,36 +117,50 @@ def make_mesh(data: int, fsdp: int, tensor: int, devices=None) -> Mesh:
     if int(np.prod(shape)) != len(devices) or min(shape) < 1:
         raise MeshError(f"config.mesh data*fsdp*tensor = {'*'.join(map(str, shape))} must equal the "
                         f"{len(devices)} devices; set one axis to -1 to fill the rest")
-    return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    slices = len({getattr(device, "slice_index", 0) for device in devices})
+    if slices == 1:
+        return jax.make_mesh(tuple(shape), MESH_AXES, axis_types=(AxisType.Auto,) * 3, devices=devices)
+    # Multislice: slices talk over the data-center network, so only `data` (one gradient all-reduce a step) spans
+    # them; fsdp and tensor stay inside each slice's own interconnect.
+    if shape[0] % slices:
+        raise MeshError(f"config.mesh.data={shape[0]} must be a multiple of the {slices} slices: data parallelism is "
+                        "what spans slices; set mesh.data to -1 or a multiple of the slice count")
+    grid = mesh_utils.create_hybrid_device_mesh([shape[0] // slices, *shape[1:]], [slices, 1, 1], devices)
+    return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * 3)
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def split_sizes(model_config, seq_length: int, sequence_parallel: bool, padded_vocab_size: int):
+    """(config key, size, mesh axis) of every size the rules split over a mesh axis."""
+    sizes = [("model.num_attention_heads", model_config.num_attention_heads, "tensor"),
+             ("model.intermediate_size", model_config.intermediate_size, "tensor"),
+             ("model.vocab_size", padded_vocab_size, "tensor"),
+             ("model.hidden_size", model_config.hidden_size, "fsdp"),
+             ("model.embedding_size", model_config.embedding_size, "fsdp")]
+    generator = model_config.generator
+    if generator.hidden_size > 0:
+        sizes += [("model.generator.num_attention_heads", generator.num_attention_heads, "tensor"),
+                  ("model.generator.intermediate_size", generator.intermediate_size, "tensor"),
+                  ("model.generator.hidden_size", generator.hidden_size, "fsdp")]
+    if sequence_parallel:
+        sizes.append(("data.seq_length", seq_length, "tensor"))
+    return sizes
 
 
 def check_model_fits(model_config, mesh: Mesh, seq_length: int, sequence_parallel: bool,
                      padded_vocab_size: int) -> None:
-    """Raise MeshError naming the config key whose size the rules would split unevenly over `mesh`, before anything
-    compiles (jit's own IndivisibleError comes as a traceback from deep inside init)."""
-    fsdp, tensor = mesh.shape["fsdp"], mesh.shape["tensor"]
-    sizes = [("num_attention_heads", model_config.num_attention_heads, "tensor", tensor),
-             ("intermediate_size", model_config.intermediate_size, "tensor", tensor),
-             ("vocab_size", padded_vocab_size, "tensor", tensor),
-             ("hidden_size", model_config.hidden_size, "fsdp", fsdp),
-             ("embedding_size", model_config.embedding_size, "fsdp", fsdp)]
-    generator = model_config.generator
-    if generator.hidden_size > 0:
-        sizes += [("generator.num_attention_heads", generator.num_attention_heads, "tensor", tensor),
-                  ("generator.intermediate_size", generator.intermediate_size, "tensor", tensor),
-                  ("generator.hidden_size", generator.hidden_size, "fsdp", fsdp)]
-    for key, size, axis, ways in sizes:
-        if size % ways:
-            padded = f" (padded to {size})" if key == "vocab_size" else ""
-            raise MeshError(f"config.model.{key}={size}{padded} does not split over mesh {axis}={ways}; choose "
-                            f"mesh.{axis} among {[d for d in divisors(size) if d <= 64]}")
-    if sequence_parallel and seq_length % tensor:
-        raise MeshError(f"config.data.seq_length={seq_length} does not split over mesh tensor={tensor} "
-                        "(mesh.sequence_parallel=True); choose a length or tensor size that divides it")
+    """Raise MeshError naming the config key whose size the rules would split unevenly over `mesh`, and the axis
+    sizes that every size accepts, before anything compiles (jit's own IndivisibleError comes as a traceback from
+    deep inside init)."""
+    sizes = split_sizes(model_config, seq_length, sequence_parallel, padded_vocab_size)
+    for key, size, axis in sizes:
+        ways = mesh.shape[axis]
+        if size % ways == 0:
+            continue
+        accepted = [d for d in range(1, 65) if all(other % d == 0 for _, other, a in sizes if a == axis)]
+        shown = (f"{model_config.vocab_size} (padded to {size} rows)" if key == "model.vocab_size" else size)
+        raise MeshError(f"config.{key}={shown} does not split over mesh {axis}={ways}"
+                        f"{' (mesh.sequence_parallel=True)' if key == 'data.seq_length' else ''}; choose mesh.{axis} "
+                        f"among {accepted}")
 
 
 def laid_out(fn, mesh: Mesh, sequence_parallel: bool = False):

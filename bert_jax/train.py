@@ -26,6 +26,7 @@ from bert_jax import checkpoints, cli, config_lib, flops, init_from, objectives,
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import workdir as workdir_lib
 from bert_jax.errors import UserError
+from bert_jax.input_pipeline.config import PAIR_KINDS
 from bert_jax.modeling import count_params, dummy_inputs, pretraining_model
 from bert_jax.modeling.transformer import attention_kernel, padded_vocab_size
 
@@ -218,6 +219,8 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict:
     shapes = dict(input_ids=(b, s), input_mask=(b, s), segment_ids=(b, s), masked_lm_positions=(b, p),
                   masked_lm_ids=(b, p), masked_lm_weights=(b, p), next_sentence_labels=(b,),
                   sentence_order_labels=(b,))
+    if config.data.example_kind not in PAIR_KINDS:
+        shapes["packing_segment_ids"] = (b, s)
     batch_sharding = sharding.batch_sharding(mesh)
     return {k: jax.ShapeDtypeStruct(shape, jnp.int32, sharding=batch_sharding) for k, shape in shapes.items()}
 

@@ -6,6 +6,8 @@ import tempfile
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The tests run on the CPU; with libtpu installed (the test extra), JAX would otherwise look for a TPU at start.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # google-auth (under gcsfs) looks for a GCE metadata server when no credentials are configured: keep that lookup on
 # this machine's loopback (a closed port) instead of the link-local metadata address. Read at import, so set first.
 # gcsfs decides at import whether to ask a gRPC control plane for bucket layouts, which the test server lacks

@@ -17,7 +17,7 @@ from bert_jax.families import modernbert
 from bert_jax.modeling.models import MASKED_LOGIT, count_params
 
 ATOL = 1e-5
-VOCAB = 500  # padded to 512 rows here
+VOCAB = 500  # padded to 768 rows here
 SEQ = 24  # > 2 x the half window of 4, so local layers see only part of the row
 
 
@@ -125,7 +125,7 @@ def test_masked_lm_matches_transformers():
     params = params_from_torch(torch_model, config, "masked_lm")
     input_ids, attention_mask = batch()
     logits = mlm_logits(config, params, input_ids, attention_mask)
-    assert logits.shape[-1] == 512 and np.all(np.asarray(logits[..., VOCAB:]) == MASKED_LOGIT)
+    assert logits.shape[-1] == 768 and np.all(np.asarray(logits[..., VOCAB:]) == MASKED_LOGIT)
     reference = torch_run(torch_model, input_ids, attention_mask)
     assert max_error(logits[..., :VOCAB], reference, attention_mask) < ATOL
 

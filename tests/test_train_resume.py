@@ -94,7 +94,7 @@ def test_nan_loss_stops_or_skips(tmp_path):
 
 
 def test_checkpoints_from_before_the_vocabulary_padding_resume(tmp_path):
-    """A run saved when the word table had vocab_size rows (30522, before it was padded to 30592) continues, with
+    """A run saved when the word table had vocab_size rows (30522, before it was padded to 30720) continues, with
     the same losses as a run that always had the padding: padded rows get no gradient and are never predicted."""
     from bert_jax.modeling.transformer import unpad_vocab
 
@@ -119,4 +119,4 @@ def test_checkpoints_from_before_the_vocabulary_padding_resume(tmp_path):
     resumed = train.train_and_evaluate(config, old_dir, synthetic_batches)
     assert int(resumed["step"]) == 4
     assert logged(straight_dir) == logged(old_dir)
-    assert resumed["params"]["backbone"]["embeddings"]["word_embeddings"]["embedding"].shape[0] == 30592
+    assert resumed["params"]["backbone"]["embeddings"]["word_embeddings"]["embedding"].shape[0] == 30720

@@ -1,4 +1,4 @@
-"""The vocabulary is padded to a multiple of 128 inside the model (so that it splits over the tensor mesh axis) and
+"""The vocabulary is padded to a multiple of 384 inside the model (so that it splits over the tensor mesh axis) and
 nowhere else: padded columns are never predicted, exports and counts have the real vocabulary, and workdirs saved
 before the padding still load."""
 import jax
@@ -34,9 +34,9 @@ def words(params):
     return params["backbone"]["embeddings"]["word_embeddings"]["embedding"]
 
 
-def test_padded_vocab_size_rounds_up_to_128():
-    assert [padded_vocab_size(bert_config(vocab_size=v)) for v in (128, 300, 30000, 30522)] == [128, 384, 30080,
-                                                                                              30592]
+def test_padded_vocab_size_rounds_up_to_384():
+    assert [padded_vocab_size(bert_config(vocab_size=v)) for v in (128, 300, 30000, 30522)] == [384, 384, 30336,
+                                                                                              30720]
 
 
 @pytest.mark.parametrize("model", ["pretraining", "electra"])
@@ -184,7 +184,7 @@ def test_workdir_saved_before_the_padding_loads_and_exports(tmp_path):
 
 
 def test_bert_vocabulary_initialises_on_a_tensor_8_mesh():
-    """30522 rows do not split 8 ways; 30592 do, so jit(init) with the rules' shardings no longer raises."""
+    """30522 rows do not split 8 ways; 30720 do, so jit(init) with the rules' shardings no longer raises."""
     config = config_lib.model_config("bert", vocab_size=30522, hidden_size=64, num_hidden_layers=1,
                                      num_attention_heads=8, intermediate_size=128, max_position_embeddings=32)
     model = modeling.PreTrainingModel(config)
@@ -193,8 +193,8 @@ def test_bert_vocabulary_initialises_on_a_tensor_8_mesh():
     boxed = jax.eval_shape(model.init, jax.random.key(0), **inputs)
     variables = jax.jit(model.init, out_shardings=sharding.mesh_shardings(boxed, mesh))(jax.random.key(0), **inputs)
     table = words(nn.unbox(variables["params"]))
-    assert table.shape == (30592, 64) and table.addressable_shards[0].data.shape == (30592 // 8, 64)
+    assert table.shape == (30720, 64) and table.addressable_shards[0].data.shape == (30720 // 8, 64)
     logits = jax.jit(lambda p: model.apply({"params": p}, **inputs)["mlm_logits"])(nn.unbox(variables["params"]))
-    assert logits.shape == (2, 8, 30592) and int(jnp.argmax(logits, -1).max()) < 30522
+    assert logits.shape == (2, 8, 30720) and int(jnp.argmax(logits, -1).max()) < 30522
     assert modeling.count_params(variables["params"], config) == modeling.count_params(
         modeling.abstract_params(modeling.PreTrainingModel(config)), config)

@@ -29,6 +29,7 @@ import fractions
 import io
 import json
 import math
+import sys
 import time
 
 import jax
@@ -59,6 +60,10 @@ flags.DEFINE_string("glue", "tfds:glue", "GLUE for every task: tfds:glue, the hu
 flags.DEFINE_string("tfds_data_dir", None, "Where TFDS datasets are built (TFDS's default folder if unset).")
 flags.DEFINE_string("results_dir", "results", "Where compare.md, compare.json and the plots go.")
 flags.DEFINE_integer("seed", 0, "Pretraining seed of every family (fine-tuning seeds come from the budget).")
+flags.DEFINE_bool("compile_only", False, "Train nothing: compile every family's train step of the budget for "
+                  "--topology (bert_jax.compile_check; no TPU needed) and print the estimated TPU-hours.")
+flags.DEFINE_string("topology", "", "With --compile_only: the TPU slice, e.g. v5p-8 (bert_jax.compile_check).")
+flags.DEFINE_integer("num_slices", 1, "With --compile_only: slices of that topology in a multislice job.")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -429,9 +434,37 @@ def corpus_summary(prepared: dict[str, str]) -> str:
     return "; ".join(parts)
 
 
+def compile_budget(budget_name: str, topology_name: str, num_slices: int, seed: int) -> dict:
+    """Every family's pretraining step of the budget, compiled for a TPU topology with no TPU and no data: fits,
+    the compiler's estimated step time and MFU, and the TPU-hours (chips x estimated time) its steps would take."""
+    from bert_jax import compile_check
+
+    compile_check.set_deviceless_environment(topology_name)
+    budget = config_lib.load_preset("compare", budget_name)
+    topology = compile_check.parse_topology(topology_name, num_slices)
+    rows = {}
+    for family in [f for f in families.names() if f in budget.learning_rates]:
+        run_loop.announce("== %s: compiling %s's train step for %s", budget_name, family, topology.name)
+        config = pretraining_config(family, budget, prepared_dir="", seed=seed)
+        try:
+            row = compile_check.check(config, topology, with_eval=False)
+        except compile_check.DoesNotFit as error:
+            rows[family] = {"fits": False, "error": str(error)}
+            continue
+        rows[family] = {**{k: row[k] for k in ("fits", "per_chip_gb", "est_step_s", "est_mfu", "total_steps")},
+                        "est_tpu_hours": row["est_step_s"] * config.total_steps * topology.chips / 3600}
+    return rows
+
+
 def main(argv):
     del argv
     f = flags.FLAGS
+    if f.compile_only:
+        if not f.topology:
+            raise config_lib.ConfigError("--compile_only needs --topology (a TPU slice such as v5p-8)")
+        rows = compile_budget(f.budget, f.topology, f.num_slices, f.seed)
+        print(json.dumps({"budget": f.budget, "topology": f.topology, "num_slices": f.num_slices, "rows": rows}))
+        return
     if f.coordinator_address or f.distributed:
         jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
     glue_source = f.glue if data_sources.tfds_name(f.glue) else input_config.resolve_path(f.glue)
@@ -442,4 +475,6 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    if any(arg.startswith("--compile_only") for arg in sys.argv[1:]):
+        flags.FLAGS.set_default("workdir", "")  # bert_jax.train's --workdir is required; compiling writes nothing
     cli.run(main)

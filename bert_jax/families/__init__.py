@@ -102,6 +102,9 @@ class Family:
     has_generator: bool = False  # ELECTRA: a narrower MLM generator beside the discriminator
     scans_layers: bool = True  # its layers are alike, so scan_layers can stack them
     ffn_matrices: int = 2  # H x I matrices in a feed-forward block (FLOPs): 2, or 3 with a gated unit (GeGLU)
+    # (model config, layer index) -> how far a query of that layer sees on either side (ModernBERT's local layers),
+    # None for global attention. FLOPs and the splash attention kernel read it.
+    attention_half_window: Callable | None = None
     # A family whose architecture is not the shared encoder gives its own modules and HF conversion (modernbert).
     encoder: Callable | None = None  # (config, shared_embeddings=None, name=...) -> module; like EncoderModel
     mlm_head: Callable | None = None  # (config, name=...) -> module; like modeling.models.MlmHead

@@ -30,8 +30,8 @@ from bert_jax.config_lib import ConfigError
 from bert_jax.families import Family, HfConversion, HfNames, Tokenizer
 from bert_jax.modeling.models import head_input, vocab_logits
 from bert_jax.modeling.transformer import (ACTIVATIONS, FFN_HIDDEN, HIDDEN, PER_HEAD, REMAT_POLICIES, Config,
-                                           attention_mask_for, compute_dtype, constrain, dot_product_attention,
-                                           lookup, padded_vocab_size, param_dtype)
+                                           compute_dtype, constrain, dot_product_attention, layer_mask, lookup,
+                                           padded_vocab_size, param_dtype)
 
 # The keys ModernBERT adds to config_lib.model_config, with the paper's values. LayerNorms use layer_norm_eps.
 MODEL_DEFAULTS = dict(
@@ -103,6 +103,11 @@ def is_global_layer(config: Config, layer: int) -> bool:
     return layer % config.global_attn_every_n_layers == 0
 
 
+def attention_half_window(config: Config, layer: int) -> int | None:
+    """How far a query of `layer` sees on either side: None in global layers, local_attention // 2 in local ones."""
+    return None if is_global_layer(config, layer) else config.local_attention // 2
+
+
 def rotary(x, position_ids, theta: float):
     """RoPE over [B, S, heads, d] in float32, rotating the two halves of each head (not interleaved pairs)."""
     d = x.shape[-1]
@@ -113,13 +118,6 @@ def rotary(x, position_ids, theta: float):
     first, second = jnp.split(x32, 2, axis=-1)
     rotated = jnp.concatenate([-second, first], axis=-1)
     return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
-
-
-def window_mask(mask, half_window: int):
-    """`mask` [B, 1, S, S] also limited to keys within half_window positions of the query."""
-    index = jnp.arange(mask.shape[-1])
-    near = jnp.abs(index[:, None] - index[None, :]) <= half_window
-    return jnp.logical_and(mask, near)
 
 
 # ------------------------------------------------------------------------------------------------------ modules
@@ -144,29 +142,29 @@ class Embeddings(nn.Module):
 
 
 class Layer(nn.Module):
-    """One pre-norm layer: x + Attn(LN(x)) with RoPE, then x + GeGLU(LN(x))."""
+    """One pre-norm layer: x + Attn(LN(x)) with RoPE, then x + GeGLU(LN(x)). Layer `index` is global or local
+    (attention_half_window), and layer 0 has no attention LayerNorm: the embeddings' one has just normalised x."""
 
     config: Config
     deterministic: bool
-    is_global: bool
-    has_attention_norm: bool  # False in layer 0, whose input the embeddings' LayerNorm has just normalised
+    index: int
 
     @nn.compact
     def __call__(self, x, position_ids, mask):
         cfg = self.config
         heads, d = cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads
         x = constrain(x, HIDDEN)
-        h = norm(cfg, "embed", "attention_norm")(x) if self.has_attention_norm else x
+        h = norm(cfg, "embed", "attention_norm")(x) if self.index > 0 else x
         qkv = linear(cfg, (3, heads, d), ("embed", None, "heads", "kv"), "qkv", cfg.attention_bias)(h)
-        theta = cfg.global_rope_theta if self.is_global else cfg.local_rope_theta
+        theta = cfg.global_rope_theta if is_global_layer(cfg, self.index) else cfg.local_rope_theta
         q, k, v = (constrain(qkv[..., i, :, :], PER_HEAD) for i in range(3))
         q, k = rotary(q, position_ids, theta), rotary(k, position_ids, theta)
         dropout_rng = None
         if cfg.attention_probs_dropout_prob > 0.0 and not self.deterministic:
             dropout_rng = self.make_rng("dropout")
-        context = constrain(dot_product_attention(q, k, v, mask, cfg, dropout_rng), PER_HEAD)
+        context = dot_product_attention(q, k, v, mask, cfg, dropout_rng, attention_half_window(cfg, self.index))
         attended = linear(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "attention_output", cfg.attention_bias,
-                          std=out_std(cfg), axis=(-2, -1))(context)
+                          std=out_std(cfg), axis=(-2, -1))(constrain(context, PER_HEAD))
         # As HF's ModernBERT: attention dropout also on the attention output; hidden dropout inside the FFN.
         attended = nn.Dropout(cfg.attention_probs_dropout_prob)(attended, deterministic=self.deterministic)
         x = x + constrain(attended, HIDDEN)
@@ -184,15 +182,13 @@ class Layers(nn.Module):
     config: Config
 
     @nn.compact
-    def __call__(self, x, position_ids, global_mask, local_mask, deterministic: bool):
+    def __call__(self, x, position_ids, mask, deterministic: bool):
         cfg = self.config
         layer_cls = Layer
         if cfg.remat_policy != "none":
             layer_cls = nn.remat(Layer, policy=REMAT_POLICIES[cfg.remat_policy])
         for i in range(cfg.num_hidden_layers):
-            is_global = is_global_layer(cfg, i)
-            layer = layer_cls(cfg, deterministic, is_global, has_attention_norm=i > 0, name=f"layer_{i}")
-            x = layer(x, position_ids, global_mask if is_global else local_mask)
+            x = layer_cls(cfg, deterministic, i, name=f"layer_{i}")(x, position_ids, mask)
         return x
 
 
@@ -233,9 +229,8 @@ class Encoder(nn.Module):
         if position_ids is None:
             position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
         x = self.token_embeddings()(input_ids, deterministic)
-        global_mask = attention_mask_for(attention_mask, packing_segment_ids)
-        local_mask = window_mask(global_mask, cfg.local_attention // 2)
-        x = self.encoder(x, position_ids, global_mask, local_mask, deterministic)
+        mask = layer_mask(cfg, attention_mask, packing_segment_ids, deterministic)
+        x = self.encoder(x, position_ids, mask, deterministic)
         return {"last_hidden_state": constrain(self.final_norm(x), HIDDEN)}
 
 
@@ -422,6 +417,7 @@ FAMILY = Family(
     hf=HfNames(base_prefix="model", architectures=HF_ARCHITECTURES, pooler=None,
                mlm=("head.dense", "head.norm", "decoder.bias")),
     ffn_matrices=3,  # GeGLU: Wi is two H x I matrices, then Wo
+    attention_half_window=attention_half_window,
     scans_layers=False,  # layers differ: attention window, RoPE theta, layer 0 without an attention LayerNorm
     pair_token_types=False,
     encoder=Encoder,

@@ -10,6 +10,7 @@ from bert_jax import storage
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXAMPLE_KINDS = ("nsp_pairs", "sop_pairs", "full_sentences", "doc_sentences")
+PAIR_KINDS = ("nsp_pairs", "sop_pairs")  # the others pack texts into rows, with packing_segment_ids
 MASKING_MODES = ("static", "dynamic")
 
 

@@ -23,9 +23,9 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from bert_jax.input_pipeline.config import PAIR_KINDS
 from bert_jax.input_pipeline.randomness import Stream, randint, uniform
 
-PAIR_KINDS = ("nsp_pairs", "sop_pairs")
 LABEL_KEY = {"nsp_pairs": "next_sentence_labels", "sop_pairs": "sentence_order_labels"}
 
 

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 from flax import linen as nn
 
-from bert_jax import families
+from bert_jax import families, sharding
 from bert_jax.config_lib import ConfigError
 from bert_jax.sharding import constrain
 
@@ -114,14 +114,17 @@ def attention_mask_for(attention_mask: Array, packing_segment_ids: Array | None)
     return mask
 
 
-VOCAB_MULTIPLE = 128
+# 128 rows a tile, times 3: the vocabulary then splits over every tensor size that divides 2^7 x 3, which holds
+# every preset's head counts and their divisors (BERT-base's 12 heads: tensor 3, 6 and 12 too). One multiple for
+# every config, so that ELECTRA's generator and discriminator always agree on the table they share.
+VOCAB_MULTIPLE = 384
 # The parameters with a vocabulary axis (always their first), as (module, parameter) at the end of their path.
 VOCAB_PARAMS = (("word_embeddings", "embedding"), ("mlm_head", "bias"), ("generator_head", "bias"))
 
 
 def padded_vocab_size(config: Config) -> int:
     """Rows of the word-embedding table and the MLM bias: vocab_size rounded up to a multiple of VOCAB_MULTIPLE,
-    so that the vocabulary axis splits evenly over the tensor mesh axis (30522 -> 30592).
+    so that the vocabulary axis splits evenly over the tensor mesh axis (30522 -> 30720).
 
     config.vocab_size stays the real vocabulary. Rows past it are padding: never an input id, never predicted
     (MlmHead gives their logits MASKED_LOGIT), never exported (state_dict slices them off, and pads on import),
@@ -139,12 +142,12 @@ def map_vocab_params(params, fn):
 
 
 def pad_vocab(params, config: Config):
-    """Vocabulary parameters with exactly vocab_size rows (HF and TF1 files, workdirs saved before the padding)
-    grown with zero rows to padded_vocab_size, as numpy; any other leaf unchanged."""
+    """Vocabulary parameters with fewer rows than padded_vocab_size (HF and TF1 files with exactly vocab_size, or
+    workdirs saved under an earlier padding) grown with zero rows to it, as numpy; any other leaf unchanged."""
     rows = padded_vocab_size(config)
 
     def pad(x):
-        if x.shape[0] != config.vocab_size or rows == config.vocab_size:
+        if not config.vocab_size <= x.shape[0] < rows:
             return x
         return np.pad(np.asarray(x), [(0, rows - x.shape[0])] + [(0, 0)] * (x.ndim - 1))
 
@@ -203,13 +206,19 @@ class Embeddings(nn.Module):
         return self.word_embeddings.attend(x)
 
 
-def attention_kernel(config: Config, deterministic: bool) -> str:
-    """Which attention runs: "reference" (Flax's, which materialises the [B, heads, S, S] probabilities) or the fused
-    jax.nn.dot_product_attention implementation "auto" (JAX picks: cuDNN flash attention on GPU), "xla" or "cudnn".
+SPLASH_BLOCKS = (512, 256, 128)  # splash attention's tiles on TPU (the lane width is 128), largest that divides S
 
+
+def attention_kernel(config: Config, deterministic: bool, seq_length: int | None = None) -> str:
+    """Which attention runs: "reference" (Flax's, which materialises the [B, heads, S, S] probabilities), a fused
+    jax.nn.dot_product_attention implementation ("xla", "cudnn"; "auto" lets JAX pick: cuDNN flash attention on GPU),
+    or "splash" (Pallas' block-sparse flash kernel for TPU; interpreted, slowly, elsewhere).
+
+    "auto" is splash when the step is traced for TPU (sharding.target_platform) and S is a multiple of its 128-token
+    tiles (which the kernel needs on any platform).
     Fused kernels have no dropout on the probabilities, so "auto" trains with the reference whenever
     attention_probs_dropout_prob > 0 (the paper presets) and is fused only without it, and for evaluation and
-    inference. Naming "xla" or "cudnn" while training with attention dropout is an error rather than a silent fallback.
+    inference. Naming a fused kernel while training with attention dropout is an error rather than a silent fallback.
     docs/training.md ("Attention kernels and dropout") measures what dropping attention dropout costs.
     """
     dropout = not deterministic and config.attention_probs_dropout_prob > 0.0
@@ -218,15 +227,50 @@ def attention_kernel(config: Config, deterministic: bool) -> str:
     if dropout:
         raise ConfigError(f"config.model.attention_impl={config.attention_impl!r}: fused kernels have no attention "
                           "dropout; set config.model.attention_probs_dropout_prob=0.0, or attention_impl='auto'")
+    tiles = seq_length is None or seq_length % SPLASH_BLOCKS[-1] == 0
+    if config.attention_impl == "auto" and tiles and sharding.target_platform() == "tpu":
+        return "splash"
+    if config.attention_impl == "splash" and not tiles:
+        raise ConfigError(f"config.model.attention_impl='splash': the sequence length {seq_length} must be a multiple "
+                          f"of {SPLASH_BLOCKS[-1]}; pad the batches (config.data.seq_length) or use 'auto'")
     return config.attention_impl
 
 
-def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=None):
-    """softmax(QK^T/sqrt(d)) V over [B, S, heads, d], with attention dropout when given a dropout rng.
+def layer_mask(config: Config, attention_mask: Array, packing_segment_ids: Array | None,
+               deterministic: bool) -> Array:
+    """What every layer's attention takes: [B, S] segment ids for splash (no [B, S, S] array at all), else the
+    boolean [B, 1, S, S] mask of attention_mask_for."""
+    if attention_kernel(config, deterministic, attention_mask.shape[1]) == "splash":
+        return segment_ids_for(attention_mask, packing_segment_ids)
+    return attention_mask_for(attention_mask, packing_segment_ids)
+
+
+def segment_ids_for(attention_mask: Array, packing_segment_ids: Array | None) -> Array:
+    """int32 [B, S] for splash, where a query sees exactly the keys of its own id: the packed example's id (0 when
+    unpacked) on real tokens, -1 on padding. A real query sees what attention_mask_for lets it see; a padding query
+    sees the padding only (the reference lets it see real keys), which no output of a real token depends on."""
+    example = jnp.zeros_like(attention_mask) if packing_segment_ids is None else packing_segment_ids
+    return jnp.where(attention_mask > 0, example, -1).astype(jnp.int32)
+
+
+def window_mask(mask: Array, half_window: int) -> Array:
+    """`mask` [B, 1, S, S] also limited to keys within half_window positions of the query."""
+    index = jnp.arange(mask.shape[-1])
+    near = jnp.abs(index[:, None] - index[None, :]) <= half_window
+    return jnp.logical_and(mask, near)
+
+
+def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=None, half_window: int | None = None):
+    """softmax(QK^T/sqrt(d)) V over [B, S, heads, d], with attention dropout when given a dropout rng; `mask` is what
+    layer_mask made, `half_window` limits each query to keys that near (ModernBERT's local layers).
 
     Every path takes the logits and the softmax in float32 and multiplies bf16 probabilities into V under bfloat16.
     """
-    kernel = attention_kernel(config, deterministic=dropout_rng is None)
+    kernel = attention_kernel(config, deterministic=dropout_rng is None, seq_length=query.shape[1])
+    if kernel == "splash":
+        return splash_attention(query, key, value, mask, half_window)
+    if half_window is not None:
+        mask = window_mask(mask, half_window)
     if kernel != "reference":
         implementation = None if kernel == "auto" else kernel
         return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
@@ -235,6 +279,65 @@ def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=N
         deterministic=dropout_rng is None, dtype=compute_dtype(config), force_fp32_for_softmax=True,
         einsum=functools.partial(jnp.einsum, preferred_element_type=jnp.float32))
     return jnp.einsum("...hqk,...khd->...qhd", weights.astype(value.dtype), value)
+
+
+def splash_block(seq_length: int, half_window: int | None = None) -> int:
+    """splash's q and kv tile: the largest of SPLASH_BLOCKS that divides S (attention_kernel checked that one does);
+    under a local window the smallest, so that fewer of the pairs a tile computes fall outside the window."""
+    fitting = [b for b in SPLASH_BLOCKS if seq_length % b == 0]
+    return fitting[0] if half_window is None else fitting[-1]
+
+
+def splash_tiles(seq_length: int, half_window: int | None) -> int:
+    """(q tile, kv tile) pairs the kernel computes for one example and head: all of them, or those a window of
+    half_window reaches (the others are skipped)."""
+    block = splash_block(seq_length, half_window)
+    count = seq_length // block
+    if half_window is None:
+        return count * count
+    starts = np.arange(count) * block
+    ends = starts + block - 1
+    reach = (starts[None, :] <= ends[:, None] + half_window) & (ends[None, :] >= starts[:, None] - half_window)
+    return int(reach.sum())
+
+
+def splash_kernel(seq_length: int, heads: int, half_window: int | None, interpret: bool):
+    """The splash kernel for one example's [heads, S, d]: block-sparse over a local window (only the tiles that
+    touch it run), or over all of S; the fused backward kernel (dq, dk, dv in one pass)."""
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    shape = (seq_length, seq_length)
+    mask = splash.FullMask(shape) if half_window is None else splash.LocalMask(shape, (half_window, half_window), 0)
+    block = splash_block(seq_length, half_window)
+    blocks = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
+                               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
+    return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=blocks, head_shards=1,
+                                  q_seq_shards=1, interpret=interpret)
+
+
+def splash_attention(query, key, value, segment_ids, half_window: int | None):
+    """Pallas splash attention over [B, S, heads, d] with [B, S] segment ids (segment_ids_for).
+
+    A Pallas kernel is opaque to XLA's partitioner, so under a mesh it runs inside shard_map on each device's batch
+    rows and heads (the layout PER_HEAD pins); outside one, on the whole arrays.
+    """
+    from jax.experimental.pallas.ops.tpu import splash_attention as splash
+
+    interpret = sharding.target_platform() != "tpu"
+    scale = 1.0 / float(np.sqrt(query.shape[-1]))  # the kernel does not scale the logits itself
+
+    def attend(q, k, v, ids):
+        kernel = splash_kernel(q.shape[1], q.shape[2], half_window, interpret)
+        heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, heads, d] <-> [B, heads, S, d]
+        per_example = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids))
+        return heads_first(jax.vmap(per_example)(heads_first(q * scale), heads_first(k), heads_first(v), ids))
+
+    spec = sharding.active_spec(PER_HEAD)
+    if spec is None:
+        return attend(query, key, value, segment_ids)
+    ids_spec = jax.sharding.PartitionSpec(spec[0], None)
+    return jax.shard_map(attend, mesh=jax.sharding.get_abstract_mesh(), in_specs=(spec, spec, spec, ids_spec),
+                         out_specs=spec, check_vma=False)(query, key, value, segment_ids)
 
 
 class ProjectionWeights(nn.Module):
@@ -394,7 +497,7 @@ class EncoderModel(nn.Module):
         x = self.token_embeddings()(input_ids, token_type_ids, position_ids, deterministic)
         if has_embedding_projection(cfg):
             x = constrain(self.embedding_projection(x), HIDDEN)
-        mask = attention_mask_for(attention_mask, packing_segment_ids)
+        mask = layer_mask(cfg, attention_mask, packing_segment_ids, deterministic)
         x = self.encoder(x, mask, deterministic)
         outputs = {"last_hidden_state": x}
         if cfg.pooler:

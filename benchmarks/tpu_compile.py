@@ -1,0 +1,159 @@
+"""Fits-and-speed table for TPU pod slices, from the compiler alone (bert_jax.compile_check; no TPU needed).
+
+    python benchmarks/tpu_compile.py [--rows=bert-large-512@v5p-8,...] [--out=benchmarks/tpu_compile.jsonl]
+    python benchmarks/tpu_compile.py --rows=bert-large-512@v5p-8:72   # that batch per chip only, no search
+
+Per row (a paper-size preset at a paper sequence length on a topology) it finds the largest batch per chip that
+fits in few compiles: one compile at a probe batch gives the memory as fixed + per-example (the temporaries scale with
+the batch), the batch that model predicts is compiled to confirm it (and cut by 15% once if the compiler refuses).
+Each finished row is appended to --out as a JSON line, so a rerun continues with the rows still missing (delete a
+row's line to redo it). Then it prints the markdown table of docs/tpu.md and ends with one JSON line.
+
+Every step time, MFU and day count is the compiler's estimate (its cost model, plus the splash kernels' FLOPs at
+peak), not a measurement. Each compile takes minutes of CPU; the whole table takes hours: run it in the background.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from bert_jax import compile_check  # noqa: E402
+
+compile_check.set_deviceless_environment()
+
+from bert_jax import config_lib, families  # noqa: E402
+
+# The papers' schedules, in tokens seen (steps x batch x sequence length), for the days column:
+# BERT (Devlin et al. 2018, A.2): 1M steps of 256 sequences, 90% at 128 tokens, 10% at 512.
+# RoBERTa (Liu et al. 2019, Table 3): 500K steps of 8K sequences of 512. ALBERT (Lan et al. 2019, 4.1): 125K steps of
+# 4096 x 512. ELECTRA-Large (Clark et al. 2020, Table 8): 400K steps of 2048 x 512.
+# ModernBERT (Warner et al. 2024, 2.2): 1.7T tokens at 1024, then 250B at 8192 and a 50B-token decay.
+SCHEDULE_TOKENS = {
+    ("bert", 128): 0.9e6 * 256 * 128, ("bert", 512): 0.1e6 * 256 * 512,
+    ("roberta", 512): 500e3 * 8192 * 512, ("albert", 512): 125e3 * 4096 * 512, ("electra", 512): 400e3 * 2048 * 512,
+    ("modernbert", 1024): 1.7e12, ("modernbert", 8192): 300e9,
+}
+PRESETS = [("bert", "base", 128), ("bert", "base", 512), ("bert", "large", 128), ("bert", "large", 512),
+           ("roberta", "large", 512), ("albert", "xxlarge", 512), ("electra", "large", 512),
+           ("modernbert", "base", 1024), ("modernbert", "base", 8192), ("modernbert", "large", 1024),
+           ("modernbert", "large", 8192)]
+TOPOLOGIES = ["v5p-8", "v5e-8", "v5p-64"]
+HBM_MARGIN = 0.92  # of the chip's HBM the prediction aims at: the temporaries do not grow exactly linearly
+PROBE_TOKENS = 32 * 512  # per chip, at the probe compile
+
+
+def row_name(family: str, size: str, seq: int, topology: str) -> str:
+    return f"{family}-{size}-{seq}@{topology}"
+
+
+def table_config(family: str, size: str, seq: int, topology: compile_check.Topology, batch_per_chip: int):
+    """The preset as the table trains it: bfloat16 compute, no attention dropout (so splash runs, the fused kernel
+    having none), scanned layers where the family's layers are alike, a data-parallel mesh (FSDP over the slice
+    where a chip's HBM holds less than 32 GiB), masking's predictions scaled to the length."""
+    config = config_lib.load_preset(family, size)
+    config.model.dtype = "bfloat16"
+    config.model.attention_probs_dropout_prob = 0.0
+    config.model.scan_layers = families.of(config.model).scans_layers
+    config.data.seq_length = seq
+    config.data.batch_size = batch_per_chip * topology.chips
+    config.masking.max_predictions_per_seq = math.ceil(seq * config.masking.rate)
+    small_hbm = topology.chip.hbm_gib < 32
+    config.mesh.data, config.mesh.fsdp = (1, -1) if small_hbm else (-1, 1)
+    return config
+
+
+def compile_row(family, size, seq, topology, batch_per_chip) -> dict:
+    config = table_config(family, size, seq, topology, batch_per_chip)
+    row = compile_check.report(compile_check.compile_program(config, topology, with_eval=False))
+    print(f"  batch {batch_per_chip}/chip: fits {row['fits']}, {row.get('per_chip_gb') or 0:.1f} GB, "
+          f"step {row.get('est_step_s', 0) * 1e3:.0f} ms, MFU {row.get('est_mfu', 0):.2f} "
+          f"({row['compile_s']} s to compile)", flush=True)
+    return row
+
+
+def largest_batch(family, size, seq, topology) -> dict:
+    """The row of the largest batch per chip found to fit (see the module docstring)."""
+    probe = max(1, PROBE_TOKENS // seq)
+    row = compile_row(family, size, seq, topology, probe)
+    while not row["fits"] and probe > 1:
+        probe //= 2
+        row = compile_row(family, size, seq, topology, probe)
+    if not row["fits"]:
+        return row
+    fixed = row["per_chip_gb"] - row["temp_gb"]
+    per_example = row["temp_gb"] / probe
+    predicted = int((HBM_MARGIN * row["hbm_gb"] - fixed) / per_example)
+    predicted = predicted // 8 * 8 if predicted >= 16 else predicted
+    best = row
+    for batch in (predicted, int(predicted * 0.85)):
+        if batch <= probe:
+            break
+        candidate = compile_row(family, size, seq, topology, batch)
+        if candidate["fits"]:
+            best = candidate
+            break
+    return best
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| preset | seq | topology | mesh (data, fsdp, tensor) | batch / chip | HBM / chip | attention | "
+             "est. step | est. MFU | est. days, paper schedule |", "|" + "---|" * 10]
+    for row in rows:
+        mesh = ",".join(str(row["mesh"][axis]) for axis in ("data", "fsdp", "tensor"))
+        head = f"| {row['preset']} | {row['seq_length']} | {row['topology']} | {mesh} | "
+        if not row["fits"]:
+            lines.append(head + "none fits | | | | | |")
+            continue
+        lines.append(head + f"{row['batch_per_chip']:g} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.0f} GB | "
+                     f"{row['attention']} | {row['est_step_s'] * 1e3:.0f} ms | {row['est_mfu']:.2f} | "
+                     f"{row['paper_days']:.1f} |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", default="", help="comma-separated family-size-seq@topology[:batch per chip] "
+                        "(default: the table, each row's batch searched)")
+    parser.add_argument("--out", default="benchmarks/tpu_compile.jsonl")
+    args = parser.parse_args()
+    wanted = [(f, s, q, t) for t in TOPOLOGIES for f, s, q in PRESETS]
+    batches = {}
+    if args.rows:
+        names, _, given = zip(*(row.partition(":") for row in args.rows.split(",")))
+        batches = {name: int(batch) for name, batch in zip(names, given) if batch}
+        wanted = sorted((w for w in wanted if row_name(*w) in names), key=lambda w: names.index(row_name(*w)))
+    done = {}
+    if os.path.exists(args.out):
+        with open(args.out) as f:
+            done = {row["name"]: row for row in map(json.loads, f)}
+    for family, size, seq, topology_name in wanted:
+        name = row_name(family, size, seq, topology_name)
+        if name in done:
+            continue
+        print(f"{name}:", flush=True)
+        topology = compile_check.parse_topology(topology_name)
+        if name in batches:
+            row = compile_row(family, size, seq, topology, batches[name])
+        else:
+            row = largest_batch(family, size, seq, topology)
+        row.update(name=name, preset=f"{family}-{size}")
+        if row["fits"]:
+            tokens_per_s = row["est_tokens_per_s_per_chip"] * row["chips"]
+            row["paper_days"] = SCHEDULE_TOKENS[(family, seq)] / tokens_per_s / 86400
+        with open(args.out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        done[name] = row
+    rows = [done[row_name(*w)] for w in wanted if row_name(*w) in done]
+    print(markdown(rows))
+    print(json.dumps({row["name"]: {key: row.get(key) for key in ("fits", "batch_per_chip", "per_chip_gb", "hbm_gb",
+                                                                  "est_step_s", "est_mfu", "paper_days")}
+                      for row in rows}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""bert_jax.compile_check: the train step compiled by XLA:TPU for a v5p slice on this CPU machine (libtpu, no TPU).
+
+One small BERT is compiled once for v5p-8 (4 chips) on a (data 2, fsdp 2) mesh in bfloat16 without attention
+dropout, and its executable is read: it fits, every activation keeps the batch split over data x fsdp, FSDP's
+gradients are reduce-scattered, the collectives are within 0.7-1.3x of the layout's ideal, the state is donated, and
+"auto" attention ran the splash kernel. A step that cannot fit ends the command with one line and exit code 1.
+"""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from bert_jax import compile_check, config_lib
+from bert_jax import sharding_audit as audit
+
+BATCH, SEQ, FFN = 16, 256, 512  # S is not 128, the lane width of splash's statistics ([.., S, 128])
+
+
+@pytest.mark.parametrize("name, chips, grid, hosts", [
+    ("v5p-8", 4, (2, 2, 1), 1), ("v5p-128", 64, (4, 4, 4), 16), ("v4-32", 16, (2, 2, 4), 4),
+    ("v5e-8", 8, (2, 4), 1), ("v5e-16", 16, (4, 4), 4), ("v6e-64", 64, (8, 8), 16), ("v5p:4x4x8", 128, (4, 4, 8), 32),
+])
+def test_topology_names_as_cloud_tpu_writes_them(name, chips, grid, hosts):
+    topology = compile_check.parse_topology(name)
+    assert (topology.chips, topology.grid, topology.hosts) == (chips, grid, hosts)
+
+
+@pytest.mark.parametrize("name, message", [
+    ("v5p-12", "v5p-12: 12 is not a power-of-two slice"),
+    ("v7x-8", "name a TPU slice as v4-N, v5p-N"),
+    ("v5e:2x2x2", "v5e slices are 2-D grids"),
+])
+def test_unknown_topologies_are_one_line(name, message):
+    with pytest.raises(compile_check.TopologyError, match=message):
+        compile_check.parse_topology(name)
+
+
+def test_the_compilers_refusal_is_read_in_gb():
+    figures = compile_check.out_of_memory_figures(
+        "RESOURCE_EXHAUSTED: Ran out of memory on HBM, the total memory required for HLO temporaries (208.62G) "
+        "exceeds available HBM (95.74G).\nmore")
+    assert figures["needed_gb"] == pytest.approx(208.62) and figures["hbm_gb"] == pytest.approx(95.74)
+
+
+libtpu = pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu (pip install -e '.[tpu]')")
+
+
+@pytest.mark.parametrize("name, num_slices, devices, kind", [
+    ("v5p-8", 1, 4, "TPU v5"), ("v4-8", 1, 4, "TPU v4"), ("v5e-8", 1, 8, "TPU v5 lite"), ("v5p-8", 2, 8, "TPU v5"),
+])
+def test_topology_devices_are_one_per_chip(name, num_slices, devices, kind):
+    found = compile_check.topology_devices(compile_check.parse_topology(name, num_slices))
+    assert len(found) == devices and found[0].device_kind == kind and found[0].platform == "tpu"
+
+
+def small_bert(batch: int = BATCH):
+    """BERT's structure at a size XLA:TPU compiles in seconds; 8 heads, rows in splash's 128-token tiles."""
+    config = config_lib.load_preset("bert", "tiny")
+    config.model.update(dict(hidden_size=128, num_attention_heads=8, intermediate_size=FFN, num_hidden_layers=2,
+                             num_hidden_groups=2, embedding_size=128, vocab_size=1000, dtype="bfloat16",
+                             attention_probs_dropout_prob=0.0))
+    config.data.batch_size, config.data.seq_length = batch, SEQ
+    config.masking.max_predictions_per_seq = 10
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 1
+    return config
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_check.compile_program(small_bert(), compile_check.parse_topology("v5p-8"), with_eval=False)
+
+
+def test_the_step_fits_and_reads_as_the_compilers_estimate(compiled):
+    row = compile_check.report(compiled)
+    assert row["fits"] and 0 < row["per_chip_gb"] < row["hbm_gb"] == 95
+    assert row["state_gb"] < row["per_chip_gb"] and row["temp_gb"] > 0
+    assert row["est_step_s"] > row["compiler_step_s"] > 0  # the splash kernels' FLOPs are added to what XLA sees
+    assert 0 < row["est_mfu"] < 1 and row["model_flops"] > 0
+    assert row["attention"] == "splash" and row["donated"]
+
+
+def test_the_batch_is_split_over_data_and_fsdp_on_tpu(compiled):
+    shapes = audit.activation_shapes(compiled.step.as_text())
+    assert (BATCH // 4, SEQ, FFN) in shapes
+    assert not [s for s in shapes if s[:2] == (BATCH, SEQ)]
+
+
+def test_collectives_on_the_tpu_hlo_are_near_the_ideal_and_fsdp_reduce_scatters(compiled):
+    hlo = compiled.step.as_text()
+    stats = audit.collective_stats(hlo)
+    ideal = audit.ideal_bytes(compiled.config, compiled.mesh, compiled.program.state_shardings["params"],
+                              compiled.program.abstract_state["params"])
+    assert 0.7 <= audit.total_bytes(stats) / sum(ideal.values()) <= 1.3, (stats, ideal)
+    assert 0.7 <= audit.wire_bytes(stats) / audit.ideal_wire_bytes(compiled.config, ideal) <= 1.3
+    # FSDP's gradients leave as reduce-scatters (XLA:TPU fuses them with their all-reduce), not whole all-reduces:
+    # all the layers' are; the embedding tables' (a third of this model, gradients of a lookup) are all-reduced.
+    assert stats["reduce-scatter"]["bytes"] >= 0.6 * ideal["gradient_reduce_scatter"]
+    assert stats["all-gather"]["bytes"] >= 0.7 * ideal["parameter_gathers"]
+    assert audit.donated_inputs(hlo) == len(jax.tree.leaves(compiled.program.abstract_state))
+
+
+def test_splash_runs_in_the_tpu_step(compiled):
+    hlo = compiled.step.as_text()
+    assert "splash_mha_fwd" in hlo and "splash_mha_dkv" in hlo
+    assert not [s for s in audit.activation_shapes(hlo, rank=4) if s[-2:] == (SEQ, SEQ)]  # no [.., S, S] array
+
+
+def test_a_step_that_cannot_fit_is_one_line_and_exit_code_1():
+    """The command, as a user runs it: a batch no v5p chip holds; the JSON line says so, then one error line."""
+    command = [sys.executable, "-m", "bert_jax.compile_check", "--config=configs/bert.py:tiny", "--topology=v5p-8",
+               "--eval_step=false", "--config.data.batch_size=1048576", "--config.mesh.data=4"]
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}  # the command sets up its own environment
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600,
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    assert result.returncode == 1, result.stderr[-2000:]
+    row = json.loads(result.stdout.strip().splitlines()[-1])
+    assert row["fits"] is False and row["per_chip_gb"] > row["hbm_gb"]
+    error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error) == 1 and "does not fit" in error[0] and "config.data.batch_size" in error[0], result.stderr
+    assert "remat_policy" in error[0] and "Traceback" not in result.stderr
