@@ -206,5 +206,7 @@ def log(writer: MetricsWriter, progress: tqdm.tqdm, step: int, summary: dict[str
         postfix = {"loss": f"{summary['loss']:.4f}"}
         if "tokens_per_second" in summary:
             postfix["tok_s"] = f"{summary['tokens_per_second']:.0f}"
+        if "packing_efficiency" in summary:
+            postfix["packed"] = f"{summary['packing_efficiency']:.3f}"
         progress.set_postfix(postfix)
     announce("step %d: %s", step, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))

@@ -149,7 +149,8 @@ def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps: 
 
     params, opt_state = jax.lax.cond(finite, update, lambda *unchanged: unchanged, state["params"], state["opt_state"])
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": state["rng"]}
-    metrics = {**metrics, "grad_norm": grad_norm, "learning_rate": schedule(state["step"]), "finite": finite}
+    metrics = {**metrics, "grad_norm": grad_norm, "learning_rate": schedule(state["step"]), "finite": finite,
+               "packing_efficiency": jnp.mean(batch["input_mask"], dtype=jnp.float32)}  # real tokens / slots
     return new_state, metrics
 
 

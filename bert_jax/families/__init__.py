@@ -88,8 +88,9 @@ class Family:
     example_kind: str  # how pretraining examples are built (input_pipeline.examples)
     hf: HfNames
     masking: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # overrides of config_lib's masking defaults
-    optimizer: str = "adamw"
-    lamb_learning_rates: bool = False  # tiny/full default rates for LAMB's per-layer trust ratio
+    optimizer: str = "adamw"  # adamw | lamb | stable_adamw (bert_jax.optimizer)
+    optimizer_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # overrides of config.optimizer
+    learning_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)  # size -> the paper's peak rate
     tf1: Tf1Names | None = None
     # Quirks of the shared encoder.
     position_offset: bool = False  # fairseq numbering: positions start at pad_token_id + 1, padding keeps its own

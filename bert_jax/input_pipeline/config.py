@@ -9,7 +9,7 @@ import pathlib
 from bert_jax import storage
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE_KINDS = ("nsp_pairs", "sop_pairs", "full_sentences", "doc_sentences")
+EXAMPLE_KINDS = ("nsp_pairs", "sop_pairs", "full_sentences", "doc_sentences", "packed_documents")
 MASKING_MODES = ("static", "dynamic")
 
 
