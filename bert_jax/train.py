@@ -131,7 +131,12 @@ def gradients(loss_fn, params, batch, rng, accum_steps: int):
     return jax.tree.map(lambda x: x / accum_steps, total)
 
 
-def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps: int):
+def packing_metrics(batch: dict) -> dict:
+    """packing_efficiency: real tokens over the slots of a pretraining batch (1.0: no padding at all)."""
+    return {"packing_efficiency": jnp.mean(batch["input_mask"], dtype=jnp.float32)}
+
+
+def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps: int, batch_metrics=None):
     """One update. A non-finite loss or gradient leaves params and optimizer state as they were (the host then stops
     or skips, per nan_policy); the step still advances so the data stays aligned with it.
 
@@ -150,7 +155,7 @@ def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps: 
     params, opt_state = jax.lax.cond(finite, update, lambda *unchanged: unchanged, state["params"], state["opt_state"])
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": state["rng"]}
     metrics = {**metrics, "grad_norm": grad_norm, "learning_rate": schedule(state["step"]), "finite": finite,
-               "packing_efficiency": jnp.mean(batch["input_mask"], dtype=jnp.float32)}  # real tokens / slots
+               **(batch_metrics(batch) if batch_metrics else {})}
     return new_state, metrics
 
 
@@ -201,7 +206,8 @@ def build_program(config: ml_collections.ConfigDict, mesh) -> Program:
     loss_fn = objectives.loss_fn(config, model)
     step = jax.jit(
         sharding.laid_out(functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                                            accum_steps=config.optimizer.grad_accum_steps),
+                                            accum_steps=config.optimizer.grad_accum_steps,
+                                            batch_metrics=packing_metrics),
                           mesh, config.mesh.sequence_parallel),
         in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
         donate_argnums=0)
