@@ -99,7 +99,7 @@ def learning_rate_schedule(opt: ml_collections.ConfigDict, total_steps: int,
     follows the tokens: its corners stay at the configured steps, and between them the rate moves with the tokens.
     """
     corners = (opt.warmup_steps, decay_start(opt, total_steps), total_steps)
-    warmup_end, decay_begin, end = (clock(s) for s in corners) if clock else corners
+    warmup_end, decay_begin, end = (float(clock(s)) for s in corners) if clock else corners
     warmup = optax.linear_schedule(0.0, opt.learning_rate, warmup_end)
     decay = decay_schedule(opt, max(end - decay_begin, 1))
     if opt.schedule == "warmup_decay":
