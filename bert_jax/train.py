@@ -296,6 +296,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
         if pretrained:
             state["params"], report = init_from.initial_params(state["params"], pretrained, config)
             run_loop.announce("%s", report)
+            if config.init_from_optimizer:
+                state["opt_state"], report = init_from.carried_optimizer_state(state["opt_state"], config)
+                run_loop.announce("%s", report)
     if start_step >= config.total_steps:
         run_loop.announce("step %d: config.total_steps=%d already reached", start_step, config.total_steps)
         checkpoints.finish_saves(manager)

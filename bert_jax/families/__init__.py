@@ -102,6 +102,9 @@ class Family:
     pair_token_types: bool = True  # the second text of a pair gets token type 1 (RoBERTa: one type)
     has_generator: bool = False  # ELECTRA: a narrower MLM generator beside the discriminator
     scans_layers: bool = True  # its layers are alike, so scan_layers can stack them
+    # Model keys a new training phase may change without touching the parameters (ModernBERT's RoPE bases): with
+    # init_from, a value other than the presets' replaces the checkpoint's (init_from.checkpoint_model).
+    phase_keys: tuple[str, ...] = ()
     ffn_matrices: int = 2  # H x I matrices in a feed-forward block (FLOPs): 2, or 3 with a gated unit (GeGLU)
     # A family whose architecture is not the shared encoder gives its own modules and HF conversion (modernbert).
     encoder: Callable | None = None  # (config, shared_embeddings=None, name=...) -> module; like EncoderModel

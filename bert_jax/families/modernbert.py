@@ -435,6 +435,7 @@ FAMILY = Family(
     hf=HfNames(base_prefix="model", architectures=HF_ARCHITECTURES, pooler=None,
                mlm=("head.dense", "head.norm", "decoder.bias")),
     ffn_matrices=3,  # GeGLU: Wi is two H x I matrices, then Wo
+    phase_keys=("global_rope_theta", "local_rope_theta"),  # context extension raises the global one
     scans_layers=False,  # layers differ: attention window, RoPE theta, layer 0 without an attention LayerNorm
     pair_token_types=False,
     encoder=Encoder,
