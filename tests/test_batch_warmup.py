@@ -1,12 +1,9 @@
 """Batch-size warmup by tokens: the staircase of sizes, at most `stages` compiled steps, the learning rate following
 the tokens, and a resume across a size change that is bit-identical to a run never stopped (real pipeline)."""
-import os
-import signal
-
 import jax
 import numpy as np
 import pytest
-from train_helpers import logged, override
+from train_helpers import logged, override, signalled_at
 
 from bert_jax import batch_warmup, config_lib, train
 
@@ -67,16 +64,8 @@ def test_resume_across_a_size_change_is_exact_with_four_compiled_steps(tmp_path,
     peak = config.optimizer.learning_rate
     assert (rates[3], rates[6]) == (pytest.approx(0.25 * peak), pytest.approx(0.75 * peak))
 
-    def stopped_at(stop_step):
-        def batches(wanted, start_step, process_index, process_count):
-            for step, batch in enumerate(batches_fn(wanted, start_step, process_index, process_count), start_step):
-                if step == stop_step - 1:
-                    os.kill(os.getpid(), signal.SIGTERM)
-                yield batch
-        return batches
-
     resumed_dir = str(tmp_path / "resumed")
-    halfway = train.train_and_evaluate(config, resumed_dir, stopped_at(5))  # one step into the second size
+    halfway = train.train_and_evaluate(config, resumed_dir, signalled_at(5, batches_fn))  # 1 step into size 16
     assert int(halfway["step"]) == 5
     resumed = train.train_and_evaluate(config, resumed_dir, batches_fn)
     jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), np.asarray(b)), straight, resumed)
