@@ -1,18 +1,18 @@
 """ModernBERT's three training phases at tiny scale on the bundled corpus (docs/recipes.md), each checked for exact
 resume, with the loss at every phase boundary.
 
-    python benchmarks/three_phases.py [--out=runs/three-phases] [--scale=1.0]
+    python benchmarks/three_phases.py [--out=runs/three-phases]
 
-Runs the three commands of docs/recipes.md twice: once straight through, once stopped by SIGTERM half-way through
-each phase and restarted with the same command. Each phase's metrics (loss, masked-LM accuracy, learning rate, batch
-size, packing efficiency) and final parameters must then be identical in both. --scale multiplies every phase's
-steps (0.2 for a quick look). The last line printed is JSON: the mean loss of the first and last logged steps of
-each phase, whether each resumed exactly, and the minutes taken.
+Runs the three commands of docs/recipes.md one after the other, each saving a checkpoint half-way too. Each phase is
+then run again from that half-way checkpoint with the same command (a restart after a stop), and must reach the same
+metrics (loss, masked-LM accuracy, learning rate, batch size, packing efficiency) and the same parameters. The last
+line printed is JSON: the loss of the first and last logged steps of each phase (means over 10 steps), whether each
+resumed exactly, and the minutes taken.
 """
 import json
 import os
 import pathlib
-import signal
+import shutil
 import subprocess
 import sys
 import time
@@ -20,33 +20,32 @@ import time
 from absl import app, flags
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "runs/three-phases", "Where the two chains of three workdirs go (replaced).")
-flags.DEFINE_float("scale", 1.0, "Multiply every phase's total_steps.")
+flags.DEFINE_string("out", "runs/three-phases", "Where the phases' workdirs and their restarts go (replaced).")
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The commands of docs/recipes.md (their flags after --workdir), with {previous} the previous phase's workdir.
 PHASES = {
-    "phase1": ["--config.total_steps={steps}", "--config.optimizer.decay_fraction=0",
-               "--config.batch_warmup.start=8", "--config.batch_warmup.tokens=245760"],
-    "phase2": ["--config.total_steps={steps}", "--config.init_from={previous}", "--config.init_from_optimizer=true",
+    "phase1": ["--config.total_steps=100", "--config.optimizer.decay_fraction=0",
+               "--config.batch_warmup.start=8", "--config.batch_warmup.tokens=49152"],
+    "phase2": ["--config.total_steps=30", "--config.init_from={previous}", "--config.init_from_optimizer=true",
                "--config.data.seq_length=512", "--config.data.batch_size=8",
                "--config.masking.max_predictions_per_seq=160", "--config.model.global_rope_theta=160000",
                "--config.optimizer.learning_rate=4e-4", "--config.optimizer.warmup_steps=0",
                "--config.optimizer.decay_fraction=0"],
-    "phase3": ["--config.total_steps={steps}", "--config.init_from={previous}", "--config.init_from_optimizer=true",
+    "phase3": ["--config.total_steps=20", "--config.init_from={previous}", "--config.init_from_optimizer=true",
                "--config.data.seq_length=512", "--config.data.batch_size=8",
                "--config.masking.max_predictions_per_seq=160", "--config.optimizer.learning_rate=4e-4",
                "--config.optimizer.warmup_steps=0", "--config.optimizer.decay_fraction=1"],
 }
-STEPS = {"phase1": 300, "phase2": 100, "phase3": 60}
 TIMING = ("steps_per_second", "tokens_per_second", "mfu", "model_flops_per_step")
 
 
 def command(phase: str, workdir: pathlib.Path, previous: pathlib.Path | None) -> list[str]:
-    steps = max(2, round(STEPS[phase] * FLAGS.scale))
-    flags_ = [f.format(steps=steps, previous=previous) for f in PHASES[phase]]
+    """The phase's documented command, logging every 10 steps and also saving half-way."""
+    steps = int(PHASES[phase][0].split("=")[1])
     return [sys.executable, "-m", "bert_jax.train", "--config=configs/modernbert.py:tiny", f"--workdir={workdir}",
-            "--config.log_every_steps=10", *flags_]
+            *[f.format(previous=previous) for f in PHASES[phase]], "--config.log_every_steps=10",
+            f"--config.checkpoint_every_steps={steps // 2}"]
 
 
 def metrics(workdir: pathlib.Path) -> list[dict]:
@@ -54,20 +53,21 @@ def metrics(workdir: pathlib.Path) -> list[dict]:
     return [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
 
 
-def run(cmd: list[str], stop_at_step: int | None = None) -> None:
-    """Run a command; with stop_at_step, send it SIGTERM once its metrics.jsonl has logged that step."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    metrics_file = pathlib.Path(cmd[4].split("=", 1)[1]) / "metrics.jsonl"
-    while stop_at_step and proc.poll() is None:
-        if metrics_file.exists() and any(json.loads(line)["step"] >= stop_at_step
-                                         for line in metrics_file.read_text().splitlines() if line.strip()):
-            proc.send_signal(signal.SIGTERM)
-            break
-        time.sleep(0.5)
-    _, stderr = proc.communicate()
+def run(cmd: list[str]) -> None:
+    proc = subprocess.run(cmd, cwd=REPO, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True)
     if proc.returncode:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{stderr[-3000:]}")
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+
+
+def restart_from_half(workdir: pathlib.Path, restart: pathlib.Path) -> int:
+    """A copy of the workdir as a run stopped at its half-way checkpoint left it; returns that step."""
+    half = min(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
+    (restart / "checkpoints").mkdir(parents=True)
+    shutil.copytree(workdir / "checkpoints" / str(half), restart / "checkpoints" / str(half))
+    for name in ("config.json", "metrics.jsonl"):  # the rerun keeps the metrics rows up to its step
+        shutil.copy(workdir / name, restart / name)
+    return half
 
 
 def same_params(a: pathlib.Path, b: pathlib.Path) -> bool:
@@ -83,24 +83,21 @@ def main(argv):
     del argv
     start = time.perf_counter()
     out = (REPO / FLAGS.out).resolve()
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    report, previous = {}, {"straight": None, "resumed": None}
+    shutil.rmtree(out, ignore_errors=True)
+    report, previous = {}, None
     for phase in PHASES:
-        dirs = {chain: out / chain / phase for chain in previous}
-        run(command(phase, dirs["straight"], previous["straight"]))
-        resumed = command(phase, dirs["resumed"], previous["resumed"])
-        run(resumed, stop_at_step=max(1, round(STEPS[phase] * FLAGS.scale)) // 2)
-        stopped_at = max(row["step"] for row in metrics(dirs["resumed"]))
-        run(resumed)
-        straight_rows, resumed_rows = metrics(dirs["straight"]), metrics(dirs["resumed"])
-        losses = [row["loss"] for row in straight_rows if "loss" in row]
-        report[phase] = dict(first_loss=round(losses[0], 4), last_loss=round(losses[-1], 4),
-                             stopped_at=stopped_at, exact_resume=straight_rows == resumed_rows
-                             and same_params(dirs["straight"], dirs["resumed"]))
-        print(f"{phase}: loss {losses[0]:.4f} -> {losses[-1]:.4f} (logged every 10 steps: "
-              f"{', '.join(f'{x:.3f}' for x in losses)}); stopped at step {stopped_at} and resumed: "
-              f"{'identical' if report[phase]['exact_resume'] else 'DIFFERENT'}")
-        previous = dirs
+        workdir, restart = out / phase, out / f"{phase}-restarted"
+        run(command(phase, workdir, previous))
+        half = restart_from_half(workdir, restart)
+        run(command(phase, restart, previous))
+        losses = [row["loss"] for row in metrics(workdir) if "loss" in row]
+        exact = metrics(workdir) == metrics(restart) and same_params(workdir, restart)
+        report[phase] = dict(first_loss=round(losses[0], 4), last_loss=round(losses[-1], 4), restarted_at=half,
+                             exact_resume=exact)
+        print(f"{phase}: loss {losses[0]:.4f} -> {losses[-1]:.4f} (every 10 steps: "
+              f"{', '.join(f'{x:.3f}' for x in losses)}); restarted from step {half}: "
+              f"{'identical' if exact else 'DIFFERENT'} metrics and parameters", flush=True)
+        previous = workdir
     report["minutes"] = round((time.perf_counter() - start) / 60, 1)
     print(json.dumps(report))
 
