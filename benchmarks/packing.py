@@ -23,12 +23,6 @@ flags.DEFINE_list("seq_lengths", ["128", "512"], "Sequence lengths to count at."
 KINDS = ("full_sentences", "doc_sentences", "packed_documents")
 
 
-def packing_efficiency(pipeline: PretrainingPipeline) -> float:
-    """Real tokens ([CLS], text, [SEP]) over slots, over every example of an epoch."""
-    chunks, seq_length = pipeline.examples.chunks, pipeline.config.data.seq_length
-    return float((chunks.end - chunks.start + 2).sum() / (len(chunks.start) * seq_length))
-
-
 def main(argv):
     del argv
     figures = {}
@@ -37,7 +31,7 @@ def main(argv):
             config = config_lib.load_preset(FLAGS.family, "tiny")
             config.data.update(seq_length=seq_length, example_kind=kind)
             pipeline = PretrainingPipeline(config)
-            figures[f"{kind}@{seq_length}"] = round(packing_efficiency(pipeline), 4)
+            figures[f"{kind}@{seq_length}"] = round(pipeline.examples.packing_efficiency(), 4)
             print(f"{kind:17s} seq {seq_length:4d}: {pipeline.num_examples:6d} sequences, packing efficiency "
                   f"{figures[f'{kind}@{seq_length}']:.4f}")
     print(json.dumps(figures))

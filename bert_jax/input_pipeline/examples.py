@@ -143,6 +143,11 @@ class ExampleBuilder:
         self._num_sentences = len(corpus.sentence_starts)
         self._chunk = {k: t(v) for k, v in dataclasses.asdict(self.chunks).items()}
 
+    def packing_efficiency(self) -> float:
+        """Real tokens ([CLS], text, [SEP]s) over the slots of one epoch of examples, for the packed kinds (pairs
+        vary by epoch); the trainer logs the same ratio per step."""
+        return float((self.chunks.end - self.chunks.start + 2).sum() / (self.num_examples * self.seq_length))
+
     def __call__(self, seed, process_index, example_ids, copies) -> dict[str, tf.Tensor]:
         """input_ids, input_mask, segment_ids, plus the pair label or packing_segment_ids; all int32."""
         keys = (seed, process_index, example_ids, copies)
