@@ -1,6 +1,6 @@
 """Budgets of the equal-compute comparison of the five families (bert_jax/experiments/compare.py).
 
-    python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare            # < 2 h, 2-core CPU
+    python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare          # ~2.5 h, 2-core CPU
     python -m bert_jax.experiments.compare --budget=gpu-small --workdir=runs/compare-gpu \\
         --corpus='/data/wiki/*.txt' --glue_dir=/data/glue                                      # one GPU
     python -m bert_jax.experiments.compare --budget=tpu-base --workdir=/mnt/shared/compare \\
@@ -18,8 +18,8 @@ ModernBERT).
 - test:      seconds-scale smoke run of every stage (the test suite runs it).
 - cpu-small: H=128, 4 layers, seq 128; 2.5e13 FLOPs each (5 to 10 minutes of pretraining per family on a
              2-core CPU), fine-tuning on the first 2,000 training examples of each task, 2 seeds at the full budget
-             and 1 at half of it. Measured: 58 min of pretraining and 60 of fine-tuning on a 2-core EPYC while
-             another job shared the cores (results/compare.md); less on an idle machine.
+             and 1 at half of it. Measured with the four older families: 58 min of pretraining and 60 of
+             fine-tuning on a 2-core EPYC while another job shared the cores; ModernBERT adds a fifth of each.
 - gpu-small: ELECTRA-Small's shape and its 1.4e18 training FLOPs (ELECTRA Table 1, "ELECTRA-Small"), full GLUE
              training sets, 3 seeds. Estimated (not yet measured) at about an hour of pretraining per family on an
              H100-class GPU in bfloat16 at 40% MFU; wants a corpus of Wikipedia/BooksCorpus scale.
