@@ -6,8 +6,8 @@ resume, with the loss at every phase boundary.
 Runs the three commands of docs/recipes.md one after the other, each saving a checkpoint half-way too. Each phase is
 then run again from that half-way checkpoint with the same command (a restart after a stop), and must reach the same
 metrics (loss, masked-LM accuracy, learning rate, batch size, packing efficiency) and the same parameters. The last
-line printed is JSON: the loss of the first and last logged steps of each phase (means over 10 steps), whether each
-resumed exactly, and the minutes taken.
+line printed is JSON: the loss of the first and last logged steps of each phase (means over 10 steps), the eval loss
+at its end (phases 2 and 3 share their eval batches), whether each resumed exactly, and the minutes taken.
 """
 import json
 import os
@@ -25,7 +25,7 @@ flags.DEFINE_string("out", "runs/three-phases", "Where the phases' workdirs and 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 # The commands of docs/recipes.md (their flags after --workdir), with {previous} the previous phase's workdir.
 PHASES = {
-    "phase1": ["--config.total_steps=100", "--config.optimizer.decay_fraction=0",
+    "phase1": ["--config.total_steps=60", "--config.optimizer.decay_fraction=0",
                "--config.batch_warmup.start=8", "--config.batch_warmup.tokens=49152"],
     "phase2": ["--config.total_steps=30", "--config.init_from={previous}", "--config.init_from_optimizer=true",
                "--config.data.seq_length=512", "--config.data.batch_size=8",
@@ -90,13 +90,14 @@ def main(argv):
         run(command(phase, workdir, previous))
         half = restart_from_half(workdir, restart)
         run(command(phase, restart, previous))
-        losses = [row["loss"] for row in metrics(workdir) if "loss" in row]
-        exact = metrics(workdir) == metrics(restart) and same_params(workdir, restart)
-        report[phase] = dict(first_loss=round(losses[0], 4), last_loss=round(losses[-1], 4), restarted_at=half,
-                             exact_resume=exact)
+        rows = metrics(workdir)
+        losses, eval_loss = [row["loss"] for row in rows if "loss" in row], rows[-1]["eval_loss"]
+        exact = rows == metrics(restart) and same_params(workdir, restart)
+        report[phase] = dict(first_loss=round(losses[0], 4), last_loss=round(losses[-1], 4),
+                             eval_loss=round(eval_loss, 4), restarted_at=half, exact_resume=exact)
         print(f"{phase}: loss {losses[0]:.4f} -> {losses[-1]:.4f} (every 10 steps: "
-              f"{', '.join(f'{x:.3f}' for x in losses)}); restarted from step {half}: "
-              f"{'identical' if exact else 'DIFFERENT'} metrics and parameters", flush=True)
+              f"{', '.join(f'{x:.3f}' for x in losses)}), eval loss at the end {eval_loss:.4f}; restarted from "
+              f"step {half}: {'identical' if exact else 'DIFFERENT'} metrics and parameters", flush=True)
         previous = workdir
     report["minutes"] = round((time.perf_counter() - start) / 60, 1)
     print(json.dumps(report))
