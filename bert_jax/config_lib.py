@@ -14,6 +14,7 @@ import ml_collections
 
 from bert_jax import families
 from bert_jax.errors import UserError
+from bert_jax.optimizer import DEFAULT_NO_WEIGHT_DECAY
 
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "tanh")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
@@ -197,6 +198,8 @@ def masking_config(family: str) -> ml_collections.ConfigDict:
         mode="dynamic",  # static: dupe_factor fixed mask copies (BERT); dynamic: new masks every epoch
         dupe_factor=10,  # static only: epoch e uses mask copy e mod dupe_factor
         rate=0.15,  # of the non-special tokens, rounded, at least 1
+        # Rates by step, "STEP:RATE,STEP:RATE,..." from step 0 (mmBERT's annealing); "" keeps `rate` throughout.
+        rate_schedule="",
         max_predictions_per_seq=20,
         whole_word=False,
         ngram_max=1,  # span lengths n <= ngram_max with p(n) proportional to 1/n
@@ -210,12 +213,16 @@ def masking_config(family: str) -> ml_collections.ConfigDict:
 def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
     """Loop, mesh and optimizer defaults of `bert_jax.train`; tiny presets run a short demo on a CPU."""
     tiny = size == "tiny"
-    lamb = families.get(family).optimizer == "lamb"
-    return ml_collections.ConfigDict(dict(
+    spec = families.get(family)
+    lamb = spec.optimizer == "lamb"
+    config = ml_collections.ConfigDict(dict(
         # Continued pretraining: start the parameters from anything load_pretrained reads (HF folder, TF1
         # checkpoint, bert_jax workdir or export); the optimizer, step and data start afresh. Ignored (and said so)
         # once the workdir holds a checkpoint of its own.
         init_from="",
+        # A new phase of a run: also carry over the optimizer state (moments) of the bert_jax workdir in init_from,
+        # with the learning-rate schedule started afresh (False: the optimizer starts afresh).
+        init_from_optimizer=False,
         init_exclude="",  # a regex over '/'-joined parameter paths: matching ones start random (e.g. "pooler|head")
         total_steps=200 if tiny else 1_000_000,
         log_every_steps=10 if tiny else 100,
@@ -230,25 +237,46 @@ def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
         # (LayerNorm, dropout, residual adds) over tensor along the sequence instead of repeating it on each device.
         mesh=dict(data=-1, fsdp=1, tensor=1, sequence_parallel=False),
         optimizer=dict(
-            name="lamb" if lamb else "adamw",
+            name=spec.optimizer,  # adamw | lamb | stable_adamw
             # LAMB moves each layer by about learning_rate of its norm per step, so it takes a larger rate.
-            learning_rate=(3e-2 if lamb else 1e-3) if tiny else (1.76e-3 if lamb else 1e-4),
+            learning_rate=(3e-2 if lamb else 1e-3) if tiny else spec.learning_rates.get(size, 1.76e-3 if lamb
+                                                                                        else 1e-4),
             warmup_steps=20 if tiny else 10_000,
-            decay="linear",  # after warmup, to 0 at total_steps: linear | polynomial (with `power`)
-            power=2.0,
-            weight_decay=0.01,  # not applied to biases and LayerNorm
+            **schedule_defaults(),
             b1=0.9,
             b2=0.999,
             eps=1e-6,
             grad_clip_norm=1.0,  # 0 turns clipping off
             grad_accum_steps=1,  # micro-batches per update; data.batch_size is the size of the whole update
         ),
+        # Batch-size warmup (off while start is 0): the global batch grows from `start` sequences to
+        # data.batch_size over the first `tokens` tokens, in `stages` sizes (each compiles one step program).
+        batch_warmup=dict(start=0, tokens=0, stages=4),
         rtd_weight=50.0,  # ELECTRA: loss = generator MLM + rtd_weight * discriminator loss
         nan_policy="stop",  # a non-finite loss: stop (naming the step) | skip (that update)
         peak_flops=0.0,  # per device, for MFU; 0 measures a matmul at start
         # Keep compiled XLA programs here across restarts and hosts ("" turns the persistent cache off).
         compilation_cache_dir="",
     ))
+    config.optimizer.update(spec.optimizer_settings)
+    return config
+
+
+def schedule_defaults() -> dict:
+    """The learning-rate schedule and weight-decay keys of config.optimizer (pretraining and fine-tuning); see
+    bert_jax.optimizer for what each schedule and decay shape is."""
+    return dict(
+        schedule="warmup_decay",  # warmup_decay: warmup, then `decay` to 0 at the end | wsd: warmup-stable-decay
+        decay="linear",  # linear | polynomial (with `power`) | cosine | 1-sqrt
+        power=2.0,
+        decay_fraction=0.1,  # wsd: the share of the steps the decay takes (0: the rate stays constant)
+        decay_start_step=0,  # wsd: when > 0, the decay runs from this step to the end (decay from a checkpoint)
+        weight_decay=0.01,
+        no_weight_decay=DEFAULT_NO_WEIGHT_DECAY,  # regex over '/'-joined parameter paths: biases, LayerNorm scales
+        # Decay weights by weight_decay x schedule / peak instead of weight_decay x learning rate (optimi's
+        # decouple_lr, ModernBERT's setting).
+        fully_decoupled_weight_decay=False,
+    )
 
 
 def finetune_config(task: str, max_seq_length: int, batch_size: int, learning_rate: float,
@@ -277,9 +305,7 @@ def finetune_config(task: str, max_seq_length: int, batch_size: int, learning_ra
             name="adamw",
             learning_rate=learning_rate,
             warmup_fraction=0.1,  # of the total steps, then linear decay to 0
-            decay="linear",
-            power=1.0,
-            weight_decay=0.01,
+            **dict(schedule_defaults(), power=1.0),
             b1=0.9,
             b2=0.999,
             eps=1e-6,

@@ -216,7 +216,7 @@ def load_pretrained(path, head: str | None = None, mesh=None) -> Pretrained:
 
 def read_checkpoint(path: storage.Path, mesh=None):
     """(model config, head, params, tokenizer) of whatever checkpoint `path` is."""
-    workdir, step = _workdir_and_step(path)
+    workdir, step = workdir_and_step(path)
     if workdir is not None:
         return (*read_workdir(workdir, step, mesh), find_tokenizer(workdir, _workdir_tokenizer(workdir)))
     directories = _hf_directories(path)
@@ -352,7 +352,7 @@ def _read_json(file: storage.Path) -> dict:
         raise LoadError(f"{file}: not valid JSON ({e})") from e
 
 
-def _workdir_and_step(path: storage.Path) -> tuple[storage.Path | None, int | None]:
+def workdir_and_step(path: storage.Path) -> tuple[storage.Path | None, int | None]:
     """A bert_jax workdir given as itself, its checkpoints/ folder or one checkpoints/<step>/ (None if not one)."""
     if path.name.isdigit() and path.parent.name == CHECKPOINT_DIR:
         workdir, step = path.parent.parent, int(path.name)

@@ -57,19 +57,22 @@ class Schedule:
 
 @dataclasses.dataclass(frozen=True)
 class Throughput:
-    """What a step costs, for tokens/s and MFU in the logged metrics (zeros leave those metrics out)."""
+    """What a step of `batch_size` sequences costs, for tokens/s and MFU in the logged metrics (zeros leave those
+    metrics out); steps of another size (a batch-size warmup) cost in proportion."""
 
     tokens_per_step: int = 0
     flops_per_step: float = 0.0
     peak_flops: float = 0.0
+    batch_size: int = 0
 
-    def metrics(self, steps_per_second: float) -> dict[str, float]:
+    def metrics(self, steps_per_second: float, batch_size: float | None = None) -> dict[str, float]:
+        scale = batch_size / self.batch_size if batch_size and self.batch_size else 1.0
         rates = {"steps_per_second": steps_per_second}
         if self.tokens_per_step:
-            rates["tokens_per_second"] = steps_per_second * self.tokens_per_step
+            rates["tokens_per_second"] = steps_per_second * self.tokens_per_step * scale
         if self.flops_per_step and self.peak_flops:
-            rates.update(model_flops_per_step=self.flops_per_step,
-                         mfu=steps_per_second * self.flops_per_step / self.peak_flops)
+            rates.update(model_flops_per_step=self.flops_per_step * scale,
+                         mfu=steps_per_second * self.flops_per_step * scale / self.peak_flops)
         return rates
 
 
@@ -177,8 +180,8 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
             if done % schedule.log_every_steps == 0 or save_now or eval_now:
                 summary, newly_skipped = summarize(pending, last_log, schedule.nan_policy)
                 skipped += newly_skipped
-                summary.update(throughput.metrics((done - last_log) / (time.perf_counter() - last_time)),
-                               skipped_updates=skipped)
+                summary.update(throughput.metrics((done - last_log) / (time.perf_counter() - last_time),
+                                                  summary.get("batch_size")), skipped_updates=skipped)
                 if eval_now:
                     evaluation = evaluate(state)
                     summary.update(evaluation)
@@ -219,5 +222,7 @@ def log(writer: MetricsWriter, progress: tqdm.tqdm, step: int, summary: dict[str
         postfix = {"loss": f"{summary['loss']:.4f}"}
         if "tokens_per_second" in summary:
             postfix["tok_s"] = f"{summary['tokens_per_second']:.0f}"
+        if "packing_efficiency" in summary:
+            postfix["packed"] = f"{summary['packing_efficiency']:.3f}"
         progress.set_postfix(postfix)
     announce("step %d: %s", step, ", ".join(f"{k} {v:.4g}" for k, v in summary.items()))

@@ -22,7 +22,7 @@ from absl import flags
 from flax import linen as nn
 from ml_collections import config_flags
 
-from bert_jax import checkpoints, cli, config_lib, flops, init_from, objectives, run_loop, sharding
+from bert_jax import batch_warmup, checkpoints, cli, config_lib, flops, init_from, objectives, run_loop, sharding
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import workdir as workdir_lib
 from bert_jax.errors import UserError
@@ -66,13 +66,16 @@ def validate(config: ml_collections.ConfigDict, mesh) -> None:
     if config.nan_policy not in run_loop.NAN_POLICIES:
         raise TrainConfigError(f"config.nan_policy={config.nan_policy!r}: must be one of {run_loop.NAN_POLICIES}")
     optimizer_lib.validate(config.optimizer, config.total_steps, config.data.batch_size)
-    micro_batch = config.data.batch_size // config.optimizer.grad_accum_steps
+    batch_warmup.validate(config)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    if micro_batch % shards:
-        raise sharding.MeshError(
-            f"config.data.batch_size={config.data.batch_size} (micro-batches of {micro_batch} with "
-            f"grad_accum_steps={config.optimizer.grad_accum_steps}) does not split over mesh data*fsdp = {shards}; "
-            "choose a batch size or mesh where it does")
+    for stage in batch_warmup.stages(config):
+        micro_batch = stage.batch_size // stage.micro_batches
+        if micro_batch % shards:
+            key = "batch_warmup.start" if config.batch_warmup.start else "data.batch_size"
+            raise sharding.MeshError(
+                f"config.{key}: batches of {stage.batch_size} (micro-batches of {micro_batch} with "
+                f"grad_accum_steps={config.optimizer.grad_accum_steps}) do not split over mesh data*fsdp = {shards}; "
+                "choose a batch size or mesh where they do")
     sharding.check_model_fits(config.model, mesh, config.data.seq_length, config.mesh.sequence_parallel,
                               padded_vocab_size(config.model))
 
@@ -90,7 +93,7 @@ def pretraining_data(config: ml_collections.ConfigDict, process_index: int, proc
 
     def batches(wanted, start_step: int, process_index: int, process_count: int):
         source = pipeline if wanted.seed == config.seed else PretrainingPipeline(wanted, process_index, process_count)
-        return source.dataset(start_step * source.local_batch_size).as_numpy_iterator()
+        return source.batches_from(start_step)
 
     return batches
 
@@ -132,15 +135,42 @@ def gradients(loss_fn, params, batch, rng, accum_steps: int):
     return jax.tree.map(lambda x: x / accum_steps, total)
 
 
-def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps: int):
+def pretraining_batch_metrics(batch: dict) -> dict:
+    """packing_efficiency: real tokens over the slots of the batch (1.0: no padding at all); batch_size: its
+    sequences (they grow under a batch-size warmup)."""
+    return {"packing_efficiency": jnp.mean(batch["input_mask"], dtype=jnp.float32),
+            "batch_size": jnp.asarray(batch["input_mask"].shape[0], jnp.float32)}
+
+
+def token_clock(plan: tuple[batch_warmup.Stage, ...], full_batch: int) -> Callable:
+    """step -> the sequences seen before it, in steps of the full batch (float, traceable): what the learning-rate
+    schedule reads under a batch-size warmup, so that the rate follows the tokens seen."""
+    firsts = jnp.array([s.first_step for s in plan], jnp.float32)
+    starts = jnp.array([s.sequences_before / full_batch for s in plan], jnp.float32)
+    slopes = jnp.array([s.batch_size / full_batch for s in plan], jnp.float32)
+
+    def full_steps(step):
+        step = jnp.asarray(step, jnp.float32)
+        index = jnp.searchsorted(firsts, step, side="right") - 1
+        return starts[index] + (step - firsts[index]) * slopes[index]
+
+    return full_steps
+
+
+def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps, batch_metrics=None):
     """One update. A non-finite loss or gradient leaves params and optimizer state as they were (the host then stops
     or skips, per nan_policy); the step still advances so the data stays aligned with it.
 
     The update sits under lax.cond, decided before it runs, rather than a select between new and old state after
     it (which needs both whole states alive at once). Finite gradients give finite AdamW / LAMB updates, so
-    checking them is enough."""
+    checking them is enough.
+
+    `accum_steps`: micro-batches per update, or {batch rows: micro-batches} under a batch-size warmup (the rows are
+    static, so each size compiles its own step)."""
     rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
-    metrics, grads = gradients(loss_fn, state["params"], batch, rng, accum_steps)
+    rows = jax.tree.leaves(batch)[0].shape[0]
+    accum = accum_steps if isinstance(accum_steps, int) else accum_steps[rows]
+    metrics, grads = gradients(loss_fn, state["params"], batch, rng, accum)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 
@@ -150,7 +180,8 @@ def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps: 
 
     params, opt_state = jax.lax.cond(finite, update, lambda *unchanged: unchanged, state["params"], state["opt_state"])
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": state["rng"]}
-    metrics = {**metrics, "grad_norm": grad_norm, "learning_rate": schedule(state["step"]), "finite": finite}
+    metrics = {**metrics, "grad_norm": grad_norm, "learning_rate": schedule(state["step"]), "finite": finite,
+               **(batch_metrics(batch) if batch_metrics else {})}
     return new_state, metrics
 
 
@@ -192,8 +223,10 @@ class Program(NamedTuple):
 def build_program(config: ml_collections.ConfigDict, mesh) -> Program:
     """Model, optimizer, state shardings from the logical rules, and the jitted train and eval steps."""
     model = pretraining_model(config)
-    tx = optimizer_lib.make_optimizer(config.optimizer, config.total_steps)
-    schedule = optimizer_lib.learning_rate_schedule(config.optimizer, config.total_steps)
+    plan = batch_warmup.stages(config)
+    clock = token_clock(plan, config.data.batch_size) if config.batch_warmup.start else None
+    tx = optimizer_lib.make_optimizer(config.optimizer, config.total_steps, clock)
+    schedule = optimizer_lib.learning_rate_schedule(config.optimizer, config.total_steps, clock)
     init_fn = functools.partial(initial_state, model, tx)
     boxed_state = jax.eval_shape(init_fn, jax.random.key(config.seed))
     state_shardings = sharding.mesh_shardings(boxed_state, mesh)
@@ -201,7 +234,8 @@ def build_program(config: ml_collections.ConfigDict, mesh) -> Program:
     loss_fn = objectives.loss_fn(config, model)
     step = jax.jit(
         sharding.laid_out(functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
-                                            accum_steps=config.optimizer.grad_accum_steps),
+                                            accum_steps={s.batch_size: s.micro_batches for s in plan},
+                                            batch_metrics=pretraining_batch_metrics),
                           mesh, config.mesh.sequence_parallel),
         in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
         donate_argnums=0)
@@ -265,6 +299,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
         if pretrained:
             state["params"], report = init_from.initial_params(state["params"], pretrained, config)
             run_loop.announce("%s", report)
+            if config.init_from_optimizer:
+                state["opt_state"], report = init_from.carried_optimizer_state(state["opt_state"], config)
+                run_loop.announce("%s", report)
     if start_step >= config.total_steps:
         run_loop.announce("step %d: config.total_steps=%d already reached", start_step, config.total_steps)
         checkpoints.finish_saves(manager)
@@ -277,6 +314,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
     if config.eval_every_steps:
         eval_config = ml_collections.ConfigDict(config.to_dict())
         eval_config.seed = config.seed + 1  # another example order and other masks than training sees
+        eval_config.batch_warmup.start = 0  # full batches
         eval_batches = [global_batch(b, batch_sharding)
                         for b in itertools.islice(batches_fn(eval_config, 0, process_index, process_count),
                                                   config.eval_steps)]
@@ -285,7 +323,8 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
             results = jax.device_get([program.evaluate(state["params"], b) for b in eval_batches])
             return {f"eval_{k}": float(np.mean([r[k] for r in results])) for k in results[0]}
 
-    throughput = run_loop.Throughput(tokens_per_step=config.data.batch_size * config.data.seq_length,
+    throughput = run_loop.Throughput(batch_size=config.data.batch_size,
+                                     tokens_per_step=config.data.batch_size * config.data.seq_length,
                                      flops_per_step=flops.train_step_flops(config),
                                      peak_flops=(config.peak_flops or measured_peak_flops()) * jax.device_count())
     run_loop.announce("model FLOPs per step %.3g; peak %.3g FLOP/s over %d devices", throughput.flops_per_step,

@@ -1,6 +1,6 @@
-"""Budgets of the equal-compute comparison of the four families (bert_jax/experiments/compare.py).
+"""Budgets of the equal-compute comparison of the five families (bert_jax/experiments/compare.py).
 
-    python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare            # < 2 h, 2-core CPU
+    python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare          # ~2.5 h, 2-core CPU
     python -m bert_jax.experiments.compare --budget=gpu-small --workdir=runs/compare-gpu \\
         --corpus='CORPUS/*.txt' --glue=GLUE                                                    # one GPU
     python -m bert_jax.experiments.compare --budget=tpu-base --workdir=gs://BUCKET/compare --distributed \\
@@ -9,16 +9,19 @@
 --glue is tfds:glue by default (`tfds build glue/sst2 glue/mrpc glue/stsb glue/rte glue/cola` fetches it), or a
 folder holding the hub's nyu-mll/glue or GLUE's TSV task folders; --corpus is the bundled books by default.
 Every family gets `pretrain_flops` training FLOPs (bert_jax/flops.py: model FLOPs of a step times the steps), so
-a family whose step costs more takes fewer steps. All four share the encoder shape in `model`; ALBERT and ELECTRA
+a family whose step costs more takes fewer steps. All five share the encoder shape in `model`; ALBERT and ELECTRA
 factorize the embeddings to `embedding_size` and ALBERT shares one layer's weights across the depth; ELECTRA's
-generator is `generator_fraction` of the discriminator's width (the paper's Table 7 finds 1/4 to 1/2 best).
-Each family keeps its paper's objective, masking, example packing, tokenizer kind and optimizer (LAMB for ALBERT).
+generator is `generator_fraction` of the discriminator's width (the paper's Table 7 finds 1/4 to 1/2 best);
+ModernBERT's GeGLU feed-forward has three H x FFN matrices, so its steps cost more and it takes fewer.
+Each family keeps its paper's objective, masking, example packing, tokenizer kind, optimizer and schedule (LAMB for
+ALBERT; StableAdamW with a warmup-stable-decay schedule, 1-sqrt decay, 30% masking and packed sequences for
+ModernBERT).
 
 - test:      seconds-scale smoke run of every stage (the test suite runs it).
 - cpu-small: H=128, 4 layers, seq 128; 2.5e13 FLOPs each (5 to 10 minutes of pretraining per family on a
              2-core CPU), fine-tuning on the first 2,000 training examples of each task, 2 seeds at the full budget
-             and 1 at half of it. Measured: 58 min of pretraining and 60 of fine-tuning on a 2-core EPYC while
-             another job shared the cores (results/compare.md); less on an idle machine.
+             and 1 at half of it. Measured with the four older families: 58 min of pretraining and 60 of
+             fine-tuning on a 2-core EPYC while another job shared the cores; ModernBERT adds a fifth of each.
 - gpu-small: ELECTRA-Small's shape and its 1.4e18 training FLOPs (ELECTRA Table 1, "ELECTRA-Small"), full GLUE
              training sets, 3 seeds. Estimated (not yet measured) at about an hour of pretraining per family on an
              H100-class GPU in bfloat16 at 40% MFU; wants a corpus of Wikipedia/BooksCorpus scale.
@@ -49,8 +52,9 @@ def _finetune(tasks=TASKS, seeds=(0, 1), learning_rate=1e-4, batch_size=32, num_
                 max_seq_length=max_seq_length, max_train_examples=max_train_examples)
 
 
-# Pretraining learning rates: Adam for BERT, RoBERTa, ELECTRA; LAMB (per-layer trust ratio) for ALBERT.
-SMALL_RATES = dict(bert=1e-3, roberta=1e-3, albert=2e-2, electra=1e-3)
+# Pretraining learning rates: Adam for BERT, RoBERTa, ELECTRA; LAMB (per-layer trust ratio) for ALBERT; StableAdamW
+# for ModernBERT (its update clipping bounds each tensor's step, so it takes Adam's rate).
+SMALL_RATES = dict(bert=1e-3, roberta=1e-3, albert=2e-2, electra=1e-3, modernbert=1e-3)
 BUDGETS = {
     "test": _budget(model=_model(32, 2, 2, 64, 16, generator_fraction=0.5), seq_length=64, batch_size=8,
                     pretrain_flops=2e10, learning_rates=SMALL_RATES, glue_points=(0.5, 1.0),
@@ -61,12 +65,12 @@ BUDGETS = {
                          finetune=_finetune(learning_rate=3e-4, max_train_examples=2000)),
     # ELECTRA's small-model recipe (Table 6/7): lr 5e-4 pretraining, 3e-4 fine-tuning, batch 128, seq 128.
     "gpu-small": _budget(model=_model(256, 12, 4, 1024, 128), seq_length=128, batch_size=128, pretrain_flops=1.4e18,
-                         learning_rates=dict(bert=5e-4, roberta=5e-4, albert=5e-3, electra=5e-4),
+                         learning_rates=dict(bert=5e-4, roberta=5e-4, albert=5e-3, electra=5e-4, modernbert=5e-4),
                          glue_points=(0.25, 0.5, 1.0), dtype="bfloat16",
                          finetune=_finetune(seeds=(0, 1, 2), learning_rate=3e-4)),
     "tpu-base": _budget(model=_model(768, 12, 12, 3072, 128, generator_fraction=1 / 3), seq_length=512,
                         batch_size=256, pretrain_flops=6.4e19,
-                        learning_rates=dict(bert=1e-4, roberta=1e-4, albert=1.76e-3, electra=2e-4),
+                        learning_rates=dict(bert=1e-4, roberta=1e-4, albert=1.76e-3, electra=2e-4, modernbert=8e-4),
                         glue_points=(0.25, 0.5, 1.0), dtype="bfloat16",
                         finetune=_finetune(seeds=(0, 1, 2), learning_rate=1e-4)),
 }

@@ -12,7 +12,7 @@ from bert_jax import config_lib, flops, storage
 from bert_jax.experiments import compare
 from bert_jax.tasks import glue
 
-COMPARED = ("bert", "roberta", "albert", "electra")  # the families with a learning rate in configs/compare.py
+COMPARED = ("bert", "roberta", "albert", "electra", "modernbert")  # those with a learning rate in configs/compare.py
 
 DATA = pathlib.Path(__file__).parents[1] / "data"
 
@@ -21,6 +21,7 @@ EXPECTED = {  # family: (objective, masking mode, example kind, layer groups of 
     "roberta": ("mlm", "dynamic", "full_sentences", 4, 128),
     "albert": ("mlm_sop", "dynamic", "sop_pairs", 1, 64),
     "electra": ("rtd", "dynamic", "doc_sentences", 4, 64),
+    "modernbert": ("mlm", "dynamic", "packed_documents", 4, 128),
 }
 
 

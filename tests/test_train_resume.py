@@ -7,22 +7,12 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-from train_helpers import global_batch_at, logged, synthetic_batches, tiny_config
+from train_helpers import global_batch_at, logged, signalled_at, synthetic_batches, tiny_config
 
 from bert_jax import checkpoints, run_loop, train
 from bert_jax import workdir as workdir_lib
 
 MESH = {"mesh.data": 2, "mesh.fsdp": 4, "mesh.tensor": 1}
-
-
-def signalled_at(stop_step: int):
-    """Synthetic batches that send this process SIGTERM while the batch of step `stop_step` is being fetched."""
-    def batches(config, start_step, process_index, process_count):
-        for step, batch in enumerate(synthetic_batches(config, start_step, process_index, process_count), start_step):
-            if step == stop_step - 1:
-                os.kill(os.getpid(), signal.SIGTERM)
-            yield batch
-    return batches
 
 
 def assert_trees_equal(a, b):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 
 import numpy as np
 
@@ -66,6 +67,19 @@ def synthetic_batches(config, start_step: int, process_index: int, process_count
     for step in itertools.count(start_step):
         batch = global_batch_at(config, step)
         yield {k: v[process_index * local:(process_index + 1) * local] for k, v in batch.items()}
+
+
+def signalled_at(stop_step: int, batches_fn=None):
+    """`batches_fn` (default synthetic_batches) sending this process SIGTERM while the batch of step `stop_step` is
+    being fetched: the run saves and stops after that step."""
+    batches_fn = batches_fn or synthetic_batches
+
+    def batches(config, start_step, process_index, process_count):
+        for step, batch in enumerate(batches_fn(config, start_step, process_index, process_count), start_step):
+            if step == stop_step - 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+            yield batch
+    return batches
 
 
 def logged(workdir, key: str = "loss") -> dict[int, float]:

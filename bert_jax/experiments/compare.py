@@ -1,5 +1,5 @@
-"""The families' comparison at equal compute: pretrain BERT, RoBERTa, ALBERT and ELECTRA on one corpus with the
-same training FLOPs, fine-tune each on SST-2, MRPC, STS-B, RTE and CoLA, and write a table and plots.
+"""The families' comparison at equal compute: pretrain BERT, RoBERTa, ALBERT, ELECTRA and ModernBERT on one corpus
+with the same training FLOPs, fine-tune each on SST-2, MRPC, STS-B, RTE and CoLA, and write a table and plots.
 
     python -m bert_jax.experiments.compare --budget=cpu-small --workdir=runs/compare \\
         [--corpus='data/corpus/*.txt'] [--glue=tfds:glue] [--results_dir=results]
@@ -260,7 +260,7 @@ def markdown(report: dict) -> str:
     n = len(seeds)
     head = ["model", "objective", "params", "pretrain FLOPs", "steps", "tokens seen",
             *[glue.get_task(t).name for t in tasks], "GLUE avg"]
-    lines = [f"# Equal-compute comparison of the four families: budget `{budget['budget']}`", "",
+    lines = [f"# Equal-compute comparison of the {len(report['rows']) - 1} families: budget `{budget['budget']}`", "",
              f"Produced by `{report['command']}` on {report['date']} ({report['machine']}): "
              f"{report['pretrain_seconds'] / 60:.0f} minutes of pretraining and {report['finetune_seconds'] / 60:.0f} "
              "of fine-tuning.", "",
@@ -268,9 +268,9 @@ def markdown(report: dict) -> str:
              f"FLOPs: 3x the forward matmuls), sequences of {budget['seq_length']}, batches of "
              f"{budget['batch_size']}, seed {report['pretrain_seed']}; corpus: {report['corpus_summary']}.",
              f"- Shape: H={budget['model']['hidden_size']}, {budget['model']['num_hidden_layers']} layers, "
-             f"{budget['model']['num_attention_heads']} heads, FFN {budget['model']['intermediate_size']}; ALBERT and "
-             f"ELECTRA E={budget['model']['embedding_size']}; ELECTRA's generator at "
-             f"{budget['model']['generator_fraction']:g} of the width.",
+             f"{budget['model']['num_attention_heads']} heads, FFN {budget['model']['intermediate_size']} "
+             f"(ModernBERT's GeGLU: three such matrices); ALBERT and ELECTRA E={budget['model']['embedding_size']}; "
+             f"ELECTRA's generator at {budget['model']['generator_fraction']:g} of the width.",
              f"- Fine-tuning: lr {budget['finetune']['learning_rate']:g}, batch {budget['finetune']['batch_size']}, "
              f"{budget['finetune']['num_epochs']:g} epochs, max_seq_length {budget['finetune']['max_seq_length']}, "
              f"at most {budget['finetune']['max_train_examples'] or 'all'} training examples per task, seeds "
@@ -299,9 +299,10 @@ def markdown(report: dict) -> str:
             lines.append(f"| {name} | {row['pretraining']['final_loss']:.3f} | "
                          f"{row['pretraining']['seconds'] / 60:.1f} min |")
     lines += ["", "Losses are not comparable across families: the objectives differ (ELECTRA's is the generator's "
-              "MLM loss plus 50x the discriminator's) and so do the tokenizers (BERT and ELECTRA: the 30k "
-              "bert-base-uncased WordPiece; RoBERTa and ALBERT: 8k byte-BPE and sentencepiece vocabularies trained on "
-              "the bundled sample corpus).", "", "![pretraining loss](pretraining_loss.png)",
+              "MLM loss plus 50x the discriminator's; ModernBERT masks 30% of the tokens) and so do the tokenizers "
+              "(BERT and ELECTRA: the 30k bert-base-uncased WordPiece; RoBERTa, ModernBERT and ALBERT: 8k byte-BPE "
+              "and sentencepiece vocabularies trained on the bundled sample corpus).", "",
+              "![pretraining loss](pretraining_loss.png)",
               "![GLUE average against FLOPs](glue_vs_flops.png)", "", "## ELECTRA against BERT at equal compute", "",
               electra_vs_bert(report), "", "## Table 2.1: parameter counts of every preset", "",
               param_table.markdown(param_table.rows()), ""]

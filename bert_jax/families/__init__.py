@@ -88,8 +88,9 @@ class Family:
     example_kind: str  # how pretraining examples are built (input_pipeline.examples)
     hf: HfNames
     masking: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # overrides of config_lib's masking defaults
-    optimizer: str = "adamw"
-    lamb_learning_rates: bool = False  # tiny/full default rates for LAMB's per-layer trust ratio
+    optimizer: str = "adamw"  # adamw | lamb | stable_adamw (bert_jax.optimizer)
+    optimizer_settings: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # overrides of config.optimizer
+    learning_rates: Mapping[str, float] = dataclasses.field(default_factory=dict)  # size -> the paper's peak rate
     tf1: Tf1Names | None = None
     # Quirks of the shared encoder.
     position_offset: bool = False  # fairseq numbering: positions start at pad_token_id + 1, padding keeps its own
@@ -101,6 +102,9 @@ class Family:
     pair_token_types: bool = True  # the second text of a pair gets token type 1 (RoBERTa: one type)
     has_generator: bool = False  # ELECTRA: a narrower MLM generator beside the discriminator
     scans_layers: bool = True  # its layers are alike, so scan_layers can stack them
+    # Model keys a new training phase may change without touching the parameters (ModernBERT's RoPE bases): with
+    # init_from, a value other than the presets' replaces the checkpoint's (init_from.checkpoint_model).
+    phase_keys: tuple[str, ...] = ()
     ffn_matrices: int = 2  # H x I matrices in a feed-forward block (FLOPs): 2, or 3 with a gated unit (GeGLU)
     # (model config, layer index) -> how far a query of that layer sees on either side (ModernBERT's local layers),
     # None for global attention. FLOPs and the splash attention kernel read it.

@@ -49,13 +49,23 @@ MODEL_DEFAULTS = dict(
 # ModernBERT's common keys: OLMo's tokenizer (50368 ids with room to spare), no dropout, 8192 positions, no pooler.
 MODERNBERT = dict(vocab_size=50368, max_position_embeddings=8192, type_vocab_size=1, pad_token_id=50283,
                   layer_norm_eps=1e-5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pooler=False)
+# The presets pretrain phase 1 of the paper's recipe (1024 tokens, global RoPE theta 10k); context extension (phase
+# 2) raises it to 160k, the value the released models hold (docs/recipes.md has the three phases).
+PHASE1 = dict(global_rope_theta=10_000.0)
 SIZES = {
     # tiny trains on the bundled corpus with the repository's 8k byte-level BPE (<pad> = 1).
-    "tiny": dict(MODERNBERT, vocab_size=8000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
+    "tiny": dict(MODERNBERT, **PHASE1, vocab_size=8000, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
                  intermediate_size=96, max_position_embeddings=512, pad_token_id=1, local_attention=8),
-    "base": dict(MODERNBERT, hidden_size=768, num_hidden_layers=22, num_attention_heads=12, intermediate_size=1152),
-    "large": dict(MODERNBERT, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, intermediate_size=2624),
+    "base": dict(MODERNBERT, **PHASE1, hidden_size=768, num_hidden_layers=22, num_attention_heads=12,
+                 intermediate_size=1152),
+    "large": dict(MODERNBERT, **PHASE1, hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                  intermediate_size=2624),
 }
+# The paper's optimizer (Warner et al. 2024, section 2.2 and the training-settings table): StableAdamW, betas
+# (0.9, 0.98), eps 1e-6, weight decay 1e-5 fully decoupled from the rate (optimi's decouple_lr, as its training code
+# sets it) and kept off biases and norms; a warmup-stable-decay schedule with a 1-sqrt decay.
+OPTIMIZER = dict(schedule="wsd", decay="1-sqrt", b2=0.98, eps=1e-6, weight_decay=1e-5,
+                 fully_decoupled_weight_decay=True)
 
 
 # ---------------------------------------------------------------------------------------------- building blocks
@@ -405,19 +415,23 @@ FAMILY = Family(
     name="modernbert",
     title="ModernBERT",
     published="2024-12",
-    recipe="MLM at 30%, rotary positions, GeGLU, pre-norm, local/global attention",
+    recipe="MLM at 30%, packed, StableAdamW, WSD 1-sqrt; RoPE, GeGLU, local/global attention",
     objective="mlm",
     sizes={size: {**MODEL_DEFAULTS, **sizes} for size, sizes in SIZES.items()},
     paper_params_millions={"base": 149, "large": 395},
     default_size="base",
     # OLMo's 50k byte-level BPE is not bundled: set config.data.tokenizer_path for full-size runs.
     tokenizer=Tokenizer("bpe", "data/roberta-bpe8k"),
-    example_kind="full_sentences",
+    example_kind="packed_documents",  # unpadded: every sequence full, attention within each document
     masking=dict(rate=0.3, max_predictions_per_seq=40),  # the paper's 30% masking rate
+    optimizer="stable_adamw",
+    optimizer_settings=OPTIMIZER,
+    learning_rates={"base": 8e-4, "large": 5e-4},  # the paper's peak rates (large later restarted at 5e-5)
     hf=HfNames(base_prefix="model", architectures=HF_ARCHITECTURES, pooler=None,
                mlm=("head.dense", "head.norm", "decoder.bias")),
     ffn_matrices=3,  # GeGLU: Wi is two H x I matrices, then Wo
     attention_half_window=attention_half_window,
+    phase_keys=("global_rope_theta", "local_rope_theta"),  # context extension raises the global one
     scans_layers=False,  # layers differ: attention window, RoPE theta, layer 0 without an attention LayerNorm
     pair_token_types=False,
     encoder=Encoder,

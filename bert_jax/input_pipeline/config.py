@@ -9,7 +9,7 @@ import pathlib
 from bert_jax import storage
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-EXAMPLE_KINDS = ("nsp_pairs", "sop_pairs", "full_sentences", "doc_sentences")
+EXAMPLE_KINDS = ("nsp_pairs", "sop_pairs", "full_sentences", "doc_sentences", "packed_documents")
 PAIR_KINDS = ("nsp_pairs", "sop_pairs")  # the others pack texts into rows, with packing_segment_ids
 MASKING_MODES = ("static", "dynamic")
 

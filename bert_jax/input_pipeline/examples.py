@@ -9,6 +9,8 @@ length of a sequence). What happens to a chunk in a given epoch is a pure functi
 - sop_pairs (ALBERT): the same split; half the time A and B are swapped (label 1 = swapped).
 - full_sentences (RoBERTa): chunks may cross document boundaries; a separator token marks each crossing.
 - doc_sentences: chunks stop at the end of each document.
+- packed_documents (ModernBERT's unpadded packing): the corpus stream cut into full sequences wherever they end,
+  sentences split at the cut; every sequence is full but the last, so no slot is padding.
 Layouts: pairs `[CLS] A [SEP] B [SEP]`; packed `[CLS] text [SEP]` (RoBERTa spells them <s> and </s>).
 A chunk of a single sentence is split inside the sentence; sentences longer than a sequence are cut into pieces
 (counted as `long_sentences_split`), and chunks of fewer than 2 tokens are dropped.
@@ -107,13 +109,28 @@ def build_chunks(corpus: Corpus, max_tokens: int, cross_documents: bool) -> Chun
                   end[keep].astype(np.int32), doc_of_sentence[first[keep]].astype(np.int32))
 
 
+def build_windows(corpus: Corpus, max_tokens: int) -> Chunks:
+    """packed_documents: consecutive windows of max_tokens tokens of the corpus stream (separators included)."""
+    start = np.arange(0, len(corpus.tokens), max_tokens, dtype=np.int64)
+    end = np.minimum(start + max_tokens, len(corpus.tokens))
+    keep = end - start >= 2
+    start, end = start[keep], end[keep]
+    first = np.searchsorted(corpus.sentence_starts, start, side="right") - 1
+    last = np.searchsorted(corpus.sentence_starts, end - 1, side="right") - 1
+    document = np.searchsorted(corpus.document_first_sentence, np.maximum(first, 0), side="right") - 1
+    as_int32 = lambda x: np.asarray(x, np.int32)
+    return Chunks(as_int32(np.maximum(first, 0)), as_int32(last - np.maximum(first, 0) + 1), as_int32(start),
+                  as_int32(end), as_int32(document))
+
+
 class ExampleBuilder:
     """Turns [B] example ids and copies into [B, S] token tensors for one example kind (graph ops only)."""
 
     def __init__(self, corpus: Corpus, kind: str, seq_length: int, special, short_seq_prob: float = 0.1):
         self.kind, self.seq_length, self.special, self.short_seq_prob = kind, seq_length, special, short_seq_prob
         self.max_tokens = content_length(kind, seq_length)
-        self.chunks = build_chunks(corpus, self.max_tokens, cross_documents=kind == "full_sentences")
+        self.chunks = (build_windows(corpus, self.max_tokens) if kind == "packed_documents" else
+                       build_chunks(corpus, self.max_tokens, cross_documents=kind == "full_sentences"))
         self.num_examples = len(self.chunks.start)
         t = functools.partial(tf.constant, dtype=tf.int32)
         self._tokens = t(corpus.tokens)
@@ -125,6 +142,11 @@ class ExampleBuilder:
         self._num_docs = len(corpus.document_num_sentences)
         self._num_sentences = len(corpus.sentence_starts)
         self._chunk = {k: t(v) for k, v in dataclasses.asdict(self.chunks).items()}
+
+    def packing_efficiency(self) -> float:
+        """Real tokens ([CLS], text, [SEP]s) over the slots of one epoch of examples, for the packed kinds (pairs
+        vary by epoch); the trainer logs the same ratio per step."""
+        return float((self.chunks.end - self.chunks.start + 2).sum() / (self.num_examples * self.seq_length))
 
     def __call__(self, seed, process_index, example_ids, copies) -> dict[str, tf.Tensor]:
         """input_ids, input_mask, segment_ids, plus the pair label or packing_segment_ids; all int32."""

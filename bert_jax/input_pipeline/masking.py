@@ -1,7 +1,8 @@
 """MLM masking in the tf graph, vectorized over a batch: which tokens to predict, and what replaces them.
 
 Per sequence, k = min(max_predictions_per_seq, max(1, round(rate * #non-special tokens))) tokens are predicted
-(BERT's rule, counted over non-special tokens). Candidates are grouped into units (tokens, or whole words when
+(BERT's rule, counted over non-special tokens); the rate may change by step (masking.rate_schedule), a function of
+the batch's step and so of the example's stream position. Candidates are grouped into units (tokens, or whole words when
 `whole_word`), units into spans of n units with p(n) proportional to 1/n for n <= ngram_max (ALBERT's n-gram
 masking; spans never contain special tokens), and spans are taken in a random order while the running total of
 tokens stays <= k. (BERT skips a word that would overflow and tries the next; taking a prefix is what vectorizes,
@@ -31,12 +32,13 @@ class Masker:
         self._word_start = tf.constant(word_start_table, tf.bool)
         self._ngram_cdf = tf.constant(np.cumsum(ngram_probabilities(masking.ngram_max))[:-1], tf.float32)
 
-    def __call__(self, features: dict, keys) -> dict:
-        """Adds masked_lm_positions/ids/weights and replaces input_ids; `keys` = (seed, process, ids, copies)."""
+    def __call__(self, features: dict, keys, rate=None) -> dict:
+        """Adds masked_lm_positions/ids/weights and replaces input_ids; `keys` = (seed, process, ids, copies);
+        `rate` (a scalar, default config.rate) is the masking rate of this batch's step."""
         ids = features["input_ids"]
         candidate = self.candidates(ids, features["input_mask"])
         keys = tuple(k[:, None] if isinstance(k, tf.Tensor) and k.shape.rank == 1 else k for k in keys)
-        chosen, _ = self.choose(ids, candidate, keys)
+        chosen, _ = self.choose(ids, candidate, keys, rate)
         positions, weights = self._positions(chosen)
         position_keys = (*keys, tf.range(tf.shape(ids)[1])[None, :])
         u = uniform(Stream.REPLACE, *position_keys)
@@ -52,8 +54,9 @@ class Masker:
         special = (ids == self.special.cls) | (ids == self.special.sep) | (ids == self.special.pad)
         return (input_mask > 0) & ~special
 
-    def choose(self, ids, candidate, keys):
+    def choose(self, ids, candidate, keys, rate=None):
         """(chosen bool[B, S], span_start bool[B, S]): the tokens to predict and the spans they were drawn as."""
+        rate = self.config.rate if rate is None else rate
         span_start = self.span_starts(ids, candidate, keys)
         batch, length = tf.shape(ids)[0], tf.shape(ids)[1]
         span_id = tf.cumsum(tf.cast(span_start, tf.int32), axis=1) - 1
@@ -62,7 +65,7 @@ class Masker:
                               [batch, length])
         num_candidates = tf.reduce_sum(tf.cast(candidate, tf.float32), axis=1)
         budget = tf.minimum(self.config.max_predictions_per_seq,
-                            tf.maximum(1, tf.cast(tf.round(num_candidates * self.config.rate), tf.int32)))
+                            tf.maximum(1, tf.cast(tf.round(num_candidates * rate), tf.int32)))
         # Random span order: the P lowest keys (random bits, then the span index to break ties). At most P spans
         # fit in the budget, so the prefix that fits is among them: every span with a key up to the last that fits.
         span_index = tf.range(length, dtype=tf.int64)[None, :]

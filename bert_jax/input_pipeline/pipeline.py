@@ -1,12 +1,15 @@
 """The online pipeline: a host's documents -> examples per objective -> masks -> fixed-shape numpy batches.
 
-Batch i is a pure function of (seed, i, process): it holds the examples at positions i*b .. i*b+b-1 of the host's
-endless example stream (b = batch_size // process_count). Position q belongs to epoch e = q // E (E = the host's
+Batch i is a pure function of (seed, i, process): it holds the examples at positions p_i .. p_i+b_i-1 of the host's
+endless example stream (b_i = step i's batch size // process_count; p_i = i*b without a batch-size warmup, else the
+sum of the b of the steps before, see bert_jax.batch_warmup). Position q belongs to epoch e = q // E (E = the host's
 example count) and, when shuffling, names example `index_shuffle(q mod E)` under the epoch's seed. The mask copy is
-e mod dupe_factor for static masking and e for dynamic masking. Resuming at step N therefore needs only N.
+e mod dupe_factor for static masking and e for dynamic masking, and the masking rate that of step i
+(masking.rate_schedule). Resuming at step N therefore needs only N.
 """
 from __future__ import annotations
 
+import itertools
 from typing import Iterator
 
 import ml_collections
@@ -14,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from bert_jax import storage
+from bert_jax import batch_warmup, storage
 from bert_jax.errors import UserError
 from bert_jax.input_pipeline import config as config_lib
 from bert_jax.input_pipeline import documents, examples, masking, tokenizers
@@ -44,15 +47,36 @@ def validate(config: ml_collections.ConfigDict, process_count: int) -> None:
     require(data.batch_size > 0 and data.batch_size % process_count == 0, "data.batch_size",
             f"must be a positive multiple of the process count {process_count}")
     require(0.0 <= data.short_seq_prob <= 1.0, "data.short_seq_prob", "must be in [0, 1]")
+    batch_warmup.validate(config, process_count)
     require(mask.mode in config_lib.MASKING_MODES, "masking.mode", f"must be one of {config_lib.MASKING_MODES}")
     require(mask.dupe_factor >= 1, "masking.dupe_factor", "must be >= 1")
     require(0.0 < mask.rate < 1.0, "masking.rate", "must be in (0, 1)")
+    try:
+        masking_rates(mask)
+    except ValueError as e:
+        require(False, "masking.rate_schedule", f"{e}; write STEP:RATE,STEP:RATE,... from step 0, e.g. "
+                "'0:0.3,1000:0.15,2000:0.05'")
     require(1 <= mask.max_predictions_per_seq <= data.seq_length, "masking.max_predictions_per_seq",
             f"must be in [1, seq_length={data.seq_length}]")
     require(mask.ngram_max >= 1, "masking.ngram_max", "must be >= 1")
     require(mask.mask_token_prob >= 0 and mask.random_token_prob >= 0
             and mask.mask_token_prob + mask.random_token_prob <= 1.0, "masking.random_token_prob",
             "mask_token_prob and random_token_prob must be >= 0 and sum to at most 1")
+
+
+def masking_rates(masking: ml_collections.ConfigDict) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(first steps, rates) of masking.rate_schedule ("STEP:RATE,..."), or ((0,), (masking.rate,)) without one."""
+    if not masking.rate_schedule:
+        return (0,), (masking.rate,)
+    pairs = [item.split(":") for item in masking.rate_schedule.split(",")]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError("each item must be STEP:RATE")
+    steps, rates = tuple(int(step) for step, _ in pairs), tuple(float(rate) for _, rate in pairs)
+    if steps[0] != 0 or list(steps) != sorted(set(steps)):
+        raise ValueError("the steps must start at 0 and increase")
+    if not all(0.0 < rate < 1.0 for rate in rates):
+        raise ValueError("every rate must be in (0, 1)")
+    return steps, rates
 
 
 def host_files(files: list[storage.Path], process_index: int, process_count: int, key: str) -> list[storage.Path]:
@@ -93,7 +117,7 @@ class PretrainingPipeline:
     def __init__(self, config: ml_collections.ConfigDict, process_index: int = 0, process_count: int = 1):
         validate(config, process_count)
         data = config.data
-        self.config, self.process_index = config, process_index
+        self.config, self.process_index, self.process_count = config, process_index, process_count
         self.local_batch_size = data.batch_size // process_count
         self.tokenizer = tokenizers.load_tokenizer(data.tokenizer_kind, config_lib.resolve_path(data.tokenizer_path),
                                                    data.lowercase)
@@ -109,17 +133,27 @@ class PretrainingPipeline:
         self.num_examples = self.examples.num_examples
         self.masker = masking.Masker(config.masking, self.tokenizer.special, self.tokenizer.vocab_size,
                                      self.tokenizer.word_start_table())
+        self.rate_steps, self.rates = masking_rates(config.masking)
 
     def copy_of_epoch(self, epochs):
         """Which mask/pair copy an epoch uses: e mod dupe_factor (static) or e itself (dynamic)."""
         m = self.config.masking
         return epochs % m.dupe_factor if m.mode == "static" else epochs
 
-    def build(self, example_ids, epochs) -> dict[str, tf.Tensor]:
-        """The masked batch of these examples in these epochs (int32 [B] each); a pure function of its inputs."""
+    def build(self, example_ids, epochs, step=0) -> dict[str, tf.Tensor]:
+        """The masked batch of these examples in these epochs (int32 [B] each) at this step (the masking rate's
+        clock); a pure function of its inputs."""
         example_ids, copies = tf.cast(example_ids, tf.int32), tf.cast(self.copy_of_epoch(epochs), tf.int32)
         keys = (self.config.seed, self.process_index, example_ids, copies)
-        return self.masker(self.examples(*keys), keys)
+        return self.masker(self.examples(*keys), keys, self.masking_rate_at(step))
+
+    def masking_rate_at(self, step):
+        """masking.rate, or the rate_schedule's rate of this step (a scalar tensor)."""
+        if len(self.rates) == 1:
+            return self.rates[0]
+        index = tf.searchsorted(tf.constant(self.rate_steps, tf.int64), tf.reshape(tf.cast(step, tf.int64), [1]),
+                                side="right")[0] - 1
+        return tf.gather(tf.constant(self.rates, tf.float32), index)
 
     def example_ids_at(self, positions):
         """(example ids, epochs) at stream positions: a fresh permutation of the examples every epoch."""
@@ -133,16 +167,32 @@ class PretrainingPipeline:
         return tf.raw_ops.RandomIndexShuffle(index=index, seed=seeds,
                                              max_index=tf.constant(self.num_examples - 1, tf.int64)), epochs
 
-    def batch_at(self, first_position) -> dict[str, tf.Tensor]:
-        """The local batch whose first example sits at this stream position."""
-        positions = tf.cast(first_position, tf.int64) + tf.range(self.local_batch_size, dtype=tf.int64)
-        return self.build(*self.example_ids_at(positions))
+    def batch_at(self, first_position, batch_size: int | None = None, step=0) -> dict[str, tf.Tensor]:
+        """The local batch of `batch_size` examples (default local_batch_size) whose first one sits at this stream
+        position, masked as at `step`."""
+        size = batch_size or self.local_batch_size
+        positions = tf.cast(first_position, tf.int64) + tf.range(size, dtype=tf.int64)
+        return self.build(*self.example_ids_at(positions), step)
 
-    def dataset(self, first_position: int = 0) -> tf.data.Dataset:
-        """Endless batches starting at a stream position (step * local batch size, or epoch * num_examples)."""
-        starts = tf.data.Dataset.range(first_position, np.iinfo(np.int64).max, self.local_batch_size)
-        return (starts.map(self.batch_at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    def dataset(self, first_position: int = 0, batch_size: int | None = None, first_step: int = 0) -> tf.data.Dataset:
+        """Endless batches of `batch_size` (default local_batch_size) examples starting at a stream position (step *
+        local batch size, or epoch * num_examples); the first is the batch of step `first_step`."""
+        size = batch_size or self.local_batch_size
+        steps = tf.data.Dataset.range(first_step, np.iinfo(np.int64).max)
+        at = lambda step: self.batch_at(first_position + (step - first_step) * size, size, step)
+        return (steps.map(at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
                 .prefetch(self.config.data.prefetch_batches))
+
+    def batches_from(self, start_step: int) -> Iterator[dict[str, np.ndarray]]:
+        """This host's numpy batches from step `start_step` on, each the size batch_warmup gives its step."""
+        plan = batch_warmup.stages(self.config)
+        for stage, following in zip(plan, [*plan[1:], None]):
+            first = max(start_step, stage.first_step)
+            if following is not None and first >= following.first_step:
+                continue
+            position = batch_warmup.sequences_before(plan, first) // self.process_count
+            batches = self.dataset(position, stage.batch_size // self.process_count, first).as_numpy_iterator()
+            yield from batches if following is None else itertools.islice(batches, following.first_step - first)
 
 
 def make_pretraining_dataset(config: ml_collections.ConfigDict, start_step: int = 0, process_index: int = 0,
@@ -160,8 +210,7 @@ def make_pretraining_dataset(config: ml_collections.ConfigDict, start_step: int 
       masked_lm_weights [B, P]    1 for a real prediction, 0 for padding
       next_sentence_labels [B]    nsp_pairs only: 1 when B is random text from another document
       sentence_order_labels [B]   sop_pairs only: 1 when A and B are swapped
-      packing_segment_ids [B, S]  full_sentences / doc_sentences only: 1 + index of the document inside the
-                                  sequence (0 on padding), for attention that stays within a document
+      packing_segment_ids [B, S]  full_sentences / doc_sentences / packed_documents only: 1 + index of the
+                                  document inside the sequence (0 on padding), for attention within a document
     """
-    pipeline = PretrainingPipeline(config, process_index, process_count)
-    return pipeline.dataset(start_step * pipeline.local_batch_size).as_numpy_iterator()
+    return PretrainingPipeline(config, process_index, process_count).batches_from(start_step)

@@ -164,3 +164,28 @@ def test_ngram_whole_word_rate_on_real_text():
     special = pipeline.tokenizer.special
     candidates = (out["input_mask"] > 0) & ~np.isin(out["input_ids"], [special.cls, special.sep])
     assert abs(out["masked_lm_weights"].sum() / candidates.sum() - 0.15) < 0.01
+
+
+def test_the_masking_rate_follows_its_schedule_by_step_and_resumes_by_step():
+    """mmBERT-style annealing: 30% from step 0, 15% from step 2, 5% from step 4, on the packed ModernBERT examples;
+    a pipeline started at step 3 gives step 3's batch exactly."""
+    from bert_jax.input_pipeline import make_pretraining_dataset
+
+    config = config_lib.load_preset("modernbert", "tiny")
+    config.data.update(seq_length=128, batch_size=64)
+    config.masking.update(rate_schedule="0:0.3,2:0.15,4:0.05", max_predictions_per_seq=128)
+    batches = [b for _, b in zip(range(5), make_pretraining_dataset(config))]
+    rates = [b["masked_lm_weights"].sum() / (b["input_mask"].sum() - 2 * len(b["input_mask"])) for b in batches]
+    np.testing.assert_allclose(rates, [0.3, 0.3, 0.15, 0.15, 0.05], atol=0.01)  # [CLS], [SEP] are never masked
+    resumed = next(make_pretraining_dataset(config, start_step=3))
+    assert all(np.array_equal(resumed[k], batches[3][k]) for k in resumed)
+
+
+@pytest.mark.parametrize("schedule", ["0.3", "1:0.3", "0:0.3,0:0.2", "0:1.5"])
+def test_a_bad_rate_schedule_names_the_key(schedule):
+    from bert_jax.input_pipeline.pipeline import DataConfigError, validate
+
+    config = config_lib.load_preset("modernbert", "tiny")
+    config.masking.rate_schedule = schedule
+    with pytest.raises(DataConfigError, match=f"config.masking.rate_schedule='{schedule}': .* e.g. '0:0.3"):
+        validate(config, 1)
