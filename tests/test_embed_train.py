@@ -114,6 +114,8 @@ def test_settings_are_checked_before_the_workdir_is_made(data, tmp_path):
     for key, value, message in (("init", "", "config.init is empty"), ("pooling", "max", "config.pooling"),
                                 ("temperature", 0.0, "config.temperature"),
                                 ("max_query_length", 1000, "config.max_query_length=1000")):
+        config = embed_config(init, squad)
+        config[key] = value
         with pytest.raises(embed_train.EmbedConfigError, match=message):
-            embed_train.train_and_evaluate(embed_config(init, squad, **{key: value}), tmp_path / "run")
+            embed_train.train_and_evaluate(config, tmp_path / "run")
     assert not (tmp_path / "run").exists()
