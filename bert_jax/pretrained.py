@@ -430,9 +430,9 @@ def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) ->
     """Write `obj` as an HF directory (config.json + model.safetensors; ELECTRA's `both` as discriminator/ and
     generator/ subdirectories), as a sentence-transformers folder (its backbone as an HF directory, plus its pooling:
     obj.pooling, else mean pooling as sentence-transformers gives a plain HF folder) or as a bert_jax workdir
-    (config.json + checkpoints/<step>/params). Tokenizer files are copied along. Written to a hidden sibling folder and moved into place, so a failure leaves nothing behind.
-    For a bucket the sibling is in the bucket too: Orbax marks a finished step there with a file, which a local
-    save would lack."""
+    (config.json + checkpoints/<step>/params). Tokenizer files are copied along. Written to a hidden sibling folder
+    and moved into place, so a failure leaves nothing behind. For a bucket the sibling is in the bucket too: Orbax
+    marks a finished step there with a file, which a local save would lack."""
     path = storage.as_path(path)
     if format not in FORMATS:
         raise ValueError(f"format={format!r}; choose one of {FORMATS}")

@@ -98,7 +98,7 @@ def test_learned_temperature_is_trained_and_not_decayed(encoder_and_params):
     step = jax.jit(lambda s, b: embed_train.contrastive_step(s, b, loss_fn=embed_train.contrastive_loss_fn(
         encoder, config), tx=tx, schedule=schedule))
     batch = pairs_batch(False)
-    new_state, metrics = step(step(state, batch)[0], batch)  # the first step's learning rate is 0 (warmup)  # the first step's learning rate is 0 (warmup)
+    new_state, metrics = step(step(state, batch)[0], batch)  # the first step's learning rate is 0
     assert set(new_state) == set(state) and jax.tree.structure(new_state["params"]) == jax.tree.structure(
         state["params"])
     assert float(new_state["temperature"]["scale"]) != float(state["temperature"]["scale"])

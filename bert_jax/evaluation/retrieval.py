@@ -34,11 +34,20 @@ class RetrievalDataError(UserError, ValueError):
     """A BEIR folder with a missing file or a malformed line; the message names the file and line."""
 
 
+def ir_measures_module():
+    """ir-measures, or one line saying how to install it (the `embed` extra)."""
+    try:
+        import ir_measures
+    except ImportError as e:
+        raise UserError("retrieval scores come from ir-measures, which is not installed; pip install -e "
+                        "'.[embed]' (or pip install ir-measures)") from e
+    return ir_measures
+
+
 def measures() -> dict:
     """Our names for the reported ir-measures measures."""
-    from ir_measures import RR, R, nDCG
-
-    return {"ndcg@10": nDCG @ 10, "mrr@10": RR @ 10, "recall@100": R @ 100}
+    ir = ir_measures_module()
+    return {"ndcg@10": ir.nDCG @ 10, "mrr@10": ir.RR @ 10, "recall@100": ir.R @ 100}
 
 
 # ---------------------------------------------------------------------------------------------- reading the folder
@@ -147,9 +156,7 @@ def run_of(query_ids: list[str], scores: np.ndarray, rows: np.ndarray, corpus_id
 
 def score_run(qrels: dict, run: dict) -> dict[str, float]:
     """nDCG@10, MRR@10 and Recall@100 of a run, from ir-measures."""
-    import ir_measures
-
-    results = ir_measures.calc_aggregate(list(measures().values()), qrels, run)
+    results = ir_measures_module().calc_aggregate(list(measures().values()), qrels, run)
     return {name: float(results[measure]) for name, measure in measures().items()}
 
 

@@ -51,7 +51,10 @@ def read_rows(file: storage.Path):
     except OSError as e:
         raise PairsDataError(str(storage.explain(file, e))) from e
     if file.name.endswith(".parquet"):
-        import pyarrow.parquet as pq
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise PairsDataError(f"{file}: reading parquet needs pyarrow; pip install -e '.[embed]'") from e
 
         try:
             table = pq.read_table(io.BytesIO(data))
