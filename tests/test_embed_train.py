@@ -79,20 +79,6 @@ def test_stopped_run_resumes_exactly_and_exports_to_sentence_transformers(data, 
                                rtol=0)
 
 
-def test_learned_temperature_parquet_pairs_and_the_backbone_checkpoint(data, tmp_path):
-    init, squad = data
-    rows = [json.loads(line) for line in (squad / "pairs.jsonl").read_text().splitlines()][:32]
-    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "pairs.parquet")
-    config = embed_config(init, squad, train_files=str(tmp_path / "pairs.parquet"), learn_temperature=True,
-                          symmetric=True, pooling="cls")
-    assert embed_train.train_and_evaluate(config, tmp_path / "run") == {}
-    scales = logged(tmp_path / "run", "logit_scale")
-    assert len(scales) == 2 and scales[0] == pytest.approx(20.0) and scales[1] != scales[0]
-    assert len(logged(tmp_path / "run", "positive_loss")) == 2  # symmetric
-    model = bert_jax.load_pretrained(tmp_path / "run")
-    assert model.pooling == Pooling("cls", True, 64) and "encoder" in model.params
-
-
 def test_pairs_files_are_checked_row_by_row(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text('{"query": "q1", "positive": "p1"}\n\n{"query": "q2", "positive": "p2"}\n')
@@ -107,6 +93,14 @@ def test_pairs_files_are_checked_row_by_row(tmp_path):
         pairs_lib.read_pairs(f"{good},{broken}")
     with pytest.raises(pairs_lib.PairsDataError, match="matches no file"):
         pairs_lib.read_pairs(str(tmp_path / "none-*.jsonl"))
+
+
+def test_parquet_pairs_read_as_json_lines(data, tmp_path):
+    pairs_file = data[1] / "pairs.jsonl"
+    rows = [json.loads(line) for line in pairs_file.read_text().splitlines()]
+    pq.write_table(pa.Table.from_pylist(rows[:40]), tmp_path / "a.parquet")
+    pq.write_table(pa.Table.from_pylist(rows[40:]), tmp_path / "b.parquet")
+    assert pairs_lib.read_pairs(str(tmp_path / "*.parquet")) == pairs_lib.read_pairs(str(pairs_file))
 
 
 def test_settings_are_checked_before_the_workdir_is_made(data, tmp_path):

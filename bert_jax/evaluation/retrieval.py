@@ -88,6 +88,8 @@ def read_qrels(file: storage.Path) -> dict[str, dict[str, int]]:
         if len(fields) != 3 or not fields[2].strip().lstrip("-").isdigit():
             raise RetrievalDataError(f"{file}:{number}: expected 'query-id<TAB>corpus-id<TAB>score'")
         qrels.setdefault(fields[0], {})[fields[1]] = int(fields[2])
+    if not qrels:
+        raise RetrievalDataError(f"{file}: holds no judgements; there is nothing to score")
     return qrels
 
 
@@ -123,9 +125,22 @@ def merge_top_k(best_scores, best_rows, queries, passages, first_row, valid, k: 
     return top, jnp.take_along_axis(rows, where, axis=1)
 
 
+def embed_with_progress(model, texts: list[str], batch_size: int, chunk_size: int) -> np.ndarray:
+    """Unit vectors of the queries, `chunk_size` at a time under a progress bar."""
+    chunks = range(0, len(texts), chunk_size)
+    with tqdm.tqdm(total=len(texts), unit="query", desc="queries", disable=jax.process_index() != 0,
+                   dynamic_ncols=True) as progress:
+        vectors = []
+        for start in chunks:
+            vectors.append(model.embed(texts[start:start + chunk_size], normalize=True, batch_size=batch_size))
+            progress.update(len(vectors[-1]))
+    return np.concatenate(vectors)
+
+
 def search(model, query_vectors: np.ndarray, corpus_file: storage.Path, batch_size: int, chunk_size: int,
-           mesh=None) -> tuple[np.ndarray, np.ndarray, list[str]]:
-    """(scores [Q, k], corpus rows [Q, k], corpus ids) of the k best passages per query by cosine similarity."""
+           mesh=None, top_k: int = TOP_K) -> tuple[np.ndarray, np.ndarray, list[str]]:
+    """(scores [Q, k], corpus rows [Q, k], corpus ids) of the k best passages per query by cosine similarity; rows
+    past the corpus's size are -1."""
     place = None
     if mesh is not None:
         shards = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -134,15 +149,16 @@ def search(model, query_vectors: np.ndarray, corpus_file: storage.Path, batch_si
                                      "multiple of it")
         place = sharding.batch_sharding(mesh)
     queries = jnp.asarray(query_vectors)
-    best_scores = jnp.full((len(query_vectors), TOP_K), -jnp.inf, jnp.float32)
-    best_rows = jnp.full((len(query_vectors), TOP_K), -1, jnp.int32)
+    best_scores = jnp.full((len(query_vectors), top_k), -jnp.inf, jnp.float32)
+    best_rows = jnp.full((len(query_vectors), top_k), -1, jnp.int32)
     ids: list[str] = []
     with tqdm.tqdm(unit="passage", desc="corpus", disable=jax.process_index() != 0, dynamic_ncols=True) as progress:
         for chunk_ids, texts in corpus_chunks(corpus_file, chunk_size):
             vectors = np.zeros((chunk_size, query_vectors.shape[1]), np.float32)
             vectors[:len(texts)] = model.embed(texts, normalize=True, batch_size=batch_size)
             passages = jax.device_put(vectors, place) if place is not None else vectors
-            best_scores, best_rows = merge_top_k(best_scores, best_rows, queries, passages, len(ids), len(texts))
+            best_scores, best_rows = merge_top_k(best_scores, best_rows, queries, passages, len(ids), len(texts),
+                                                 k=top_k)
             ids += chunk_ids
             progress.update(len(texts))
     return np.asarray(best_scores), np.asarray(best_rows), ids
@@ -170,7 +186,7 @@ def evaluate(model, folder: storage.PathLike, split: str = "test", batch_size: i
     start = time.perf_counter()
     qrels = read_qrels(folder / "qrels" / f"{split}.tsv")
     query_ids, query_texts = read_queries(folder / "queries.jsonl", qrels)
-    query_vectors = model.embed(query_texts, normalize=True, batch_size=batch_size)
+    query_vectors = embed_with_progress(model, query_texts, batch_size, chunk_size)
     scores, rows, corpus_ids = search(model, query_vectors, folder / "corpus.jsonl", batch_size, chunk_size, mesh)
     results = score_run(qrels, run_of(query_ids, scores, rows, corpus_ids))
     return {**results, "queries": len(query_ids), "passages": len(corpus_ids),
