@@ -505,7 +505,8 @@ def write_bert_jax(obj: Pretrained, directory: storage.Path, step: int) -> None:
 
     objective = {"pretraining": families.of(obj.config).objective, "masked_lm": "mlm", "generator": "mlm",
                  "both": "rtd"}.get(obj.head)
-    saved = {"model": obj.config.to_dict(), "objective": objective, "head": obj.head}
+    saved = {"model": obj.config.to_dict(), "objective": objective, "head": obj.head,
+             **sentence_embedding.run_keys(obj.pooling)}
     (directory / CONFIG_FILE).write_text(json.dumps(saved, indent=2) + "\n")
     with ocp.CheckpointManager(directory / CHECKPOINT_DIR) as manager:
         manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(obj.params)))

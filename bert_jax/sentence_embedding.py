@@ -136,6 +136,13 @@ def folder_max_seq_length(directory: storage.Path) -> int:
     return 0
 
 
+def run_keys(pooling: Pooling | None) -> dict:
+    """The config.json keys that record `pooling` ({} for None): what pooling_of_run reads back."""
+    if pooling is None:
+        return {}
+    return {"pooling": pooling.mode, "normalize": pooling.normalize, "max_seq_length": pooling.max_seq_length}
+
+
 def pooling_of_run(saved_config: dict) -> Pooling | None:
     """The Pooling an embedding run (bert_jax.embed_train) trained with, from its config.json; None for other runs."""
     if "pooling" not in saved_config:

@@ -40,6 +40,8 @@ def test_minilm_folder_loads_with_its_pooling_and_encodes_like_sentence_transfor
     again = bert_jax.load_pretrained(exported)
     assert again.pooling == minilm.pooling and again.head == "backbone"
     np.testing.assert_array_equal(again.embed(TEXTS), ours)
+    as_workdir = bert_jax.load_pretrained(bert_jax.save_pretrained(again, tmp_path / "ours", format="bert_jax"))
+    assert as_workdir.pooling == minilm.pooling
 
 
 def test_convert_writes_the_pooling_asked_for(tmp_path):
