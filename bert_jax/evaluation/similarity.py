@@ -14,19 +14,19 @@ import json
 import numpy as np
 from absl import flags, logging
 
-from bert_jax import cli, storage
+from bert_jax import cli, sentence_embedding, storage
 from bert_jax.errors import UserError
 from bert_jax.evaluation import glue_metrics
 from bert_jax.tasks import glue
 
-POOLINGS = ("cls", "mean")
+POOLINGS = sentence_embedding.POOLINGS
 
 
 class SimilarityError(UserError):
     """Pairs whose correlation with the gold scores is undefined; the message names the file and why."""
 
 
-def cosine_similarities(pretrained, text_a: list[str], text_b: list[str], pooling: str) -> np.ndarray:
+def cosine_similarities(pretrained, text_a: list[str], text_b: list[str], pooling: str | None) -> np.ndarray:
     """Cosine of each pair's sentence vectors; both sides are embedded in one pass."""
     vectors = pretrained.embed(list(text_a) + list(text_b), pooling=pooling, normalize=True)
     return np.sum(vectors[:len(text_a)] * vectors[len(text_a):], axis=-1)
@@ -42,7 +42,7 @@ def why_undefined(gold: np.ndarray) -> str:
     return "all gold scores are equal" if np.ptp(gold) == 0 else "the model gives every pair the same cosine"
 
 
-def evaluate(pretrained, data_file: storage.PathLike, pooling: str) -> dict[str, float]:
+def evaluate(pretrained, data_file: storage.PathLike, pooling: str | None) -> dict[str, float]:
     """Pearson and Spearman correlation of the pairs' cosines with the gold scores, the pairs scored and skipped."""
     pairs = glue.read_tsv(glue.get_task("stsb"), data_file)
     usable = has_text(pairs)
@@ -69,12 +69,14 @@ def main(argv):
 
     scores = evaluate(load_pretrained(flags.FLAGS.init, head="backbone"), flags.FLAGS.data, flags.FLAGS.pooling)
     print(f"{scores['pairs']} pairs from {flags.FLAGS.data} ({scores['skipped']} skipped), "
-          f"{flags.FLAGS.pooling} pooling: Pearson {scores['pearson']:.4f}, Spearman {scores['spearman']:.4f}")
+          f"{flags.FLAGS.pooling or 'the checkpoint'} pooling: Pearson {scores['pearson']:.4f}, "
+          f"Spearman {scores['spearman']:.4f}")
     print(json.dumps({"pearson": scores["pearson"], "spearman": scores["spearman"]}))
 
 
 if __name__ == "__main__":  # flags defined here, so that benchmarks can import this module with flags of their own
     flags.DEFINE_string("init", None, "A checkpoint bert_jax.load_pretrained reads.", required=True)
     flags.DEFINE_string("data", None, "A GLUE STS-B TSV file (e.g. STS-B/dev.tsv).", required=True)
-    flags.DEFINE_enum("pooling", "cls", POOLINGS, "Sentence vector: the [CLS] hidden state or the mean over tokens.")
+    flags.DEFINE_enum("pooling", None, POOLINGS, "Sentence vector: the [CLS] hidden state or the mean over tokens "
+                      "(default: the checkpoint's pooling, e.g. a sentence-transformers folder's; else [CLS]).")
     cli.run(main)
