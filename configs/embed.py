@@ -5,9 +5,9 @@
         [--config.eval_sts_file=STS-B/dev.tsv]
 
 Pairs are JSON lines or parquet rows with `query`, `positive` and optionally `negative` texts
-(`python -m bert_jax.tasks.squad_retrieval` writes them from SQuAD). `base` follows the common recipe of
-sentence-transformers' MultipleNegativesRankingLoss (mean pooling, cosine x 20, i.e. temperature 0.05, batch 64,
-learning rate 2e-5, 10% warmup); `tiny` is for tests and CPU demos.
+(`python -m bert_jax.tasks.squad_retrieval` writes them from SQuAD). `base` scores by cosine x 20 (temperature
+0.05, the default of sentence-transformers' MultipleNegativesRankingLoss) over mean-pooled vectors, with batch 64,
+learning rate 2e-5 and 10% warmup; `tiny` is for tests and CPU demos. docs/embeddings.md has the keys.
 """
 from bert_jax import config_lib
 
