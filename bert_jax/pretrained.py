@@ -12,6 +12,8 @@ A checkpoint holds one head and can be loaded as any head inside it (e.g. a Bert
 
 The bert_jax format is the trainer's workdir: config.json (model architecture under "model", objective under
 "objective") and an Orbax CheckpointManager directory checkpoints/<step>/ whose item "params" is the params pytree.
+A sentence-transformers folder is an HF directory plus the files that say how its sentence vectors are made (see
+`sentence_embedding`); it loads as the backbone with that `pooling`, and `format="sentence-transformers"` writes one.
 Every path may be local or a bucket URL (gs://...): files are read and written through `storage`.
 """
 from __future__ import annotations
@@ -33,13 +35,14 @@ import safetensors
 import safetensors.numpy
 from flax import linen as nn
 
-from bert_jax import checkpoints, config_lib, families, modeling, sharding, state_dict, storage, tf_checkpoint
+from bert_jax import (checkpoints, config_lib, families, modeling, sentence_embedding, sharding, state_dict, storage,
+                      tf_checkpoint)
 from bert_jax.errors import UserError
 from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import tokenizers as tokenizer_lib
 from bert_jax.modeling.transformer import pad_vocab, to_unscanned_layout
 from bert_jax.state_dict import LoadError
-from bert_jax.workdir import CHECKPOINT_DIR, CONFIG_FILE
+from bert_jax.workdir import CHECKPOINT_DIR, CONFIG_FILE, TOKENIZER_DIR
 
 LENGTH_BUCKET = 32  # tokenize() pads batches to a multiple of this many tokens
 # The heads a checkpoint with each head also holds.
@@ -49,6 +52,7 @@ CONTAINED_HEADS = {"both": ("discriminator", "generator", "backbone"), "pretrain
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt", "vocab.json",
                    "merges.txt")
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+FORMATS = ("hf", "bert_jax", "sentence-transformers")
 
 
 class OutputExistsError(UserError, FileExistsError):
@@ -60,12 +64,14 @@ class Pretrained:
     """A loaded checkpoint: `params` fill `model` (built from `config` for `head`); `tokenizer` may be None.
 
     `params` and `model` have the padded vocabulary (see modeling.transformer.padded_vocab_size); what this hands
-    to users (fill_mask's predictions, HF exports) has config.vocab_size entries."""
+    to users (fill_mask's predictions, HF exports) has config.vocab_size entries. `pooling` is how `embed` makes
+    sentence vectors when the checkpoint says (a sentence-transformers folder, an embedding run); None: [CLS]."""
 
     config: ml_collections.ConfigDict
     head: str
     params: dict
     tokenizer: tokenizer_lib.Tokenizer | None = None
+    pooling: sentence_embedding.Pooling | None = None
 
     @functools.cached_property
     def model(self) -> nn.Module:
@@ -98,8 +104,11 @@ class Pretrained:
         return {name: np.asarray(value) for name, value in outputs.items()}
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
-        """[CLS] text [SEP] per text, truncated to the model's length and padded to the longest."""
+        """[CLS] text [SEP] per text, truncated to the model's length (or the pooling's max_seq_length) and padded
+        to the longest."""
         length = max_tokens(self.config)
+        if self.pooling is not None and self.pooling.max_seq_length:
+            length = min(length, self.pooling.max_seq_length)
         return self._batch([tokens[:length - 2] for tokens in self._require_tokenizer().encode_batch(list(texts))])
 
     def _require_tokenizer(self) -> tokenizer_lib.Tokenizer:
@@ -120,26 +129,20 @@ class Pretrained:
             input_ids[i, :len(row)], attention_mask[i, :len(row)] = row, 1
         return {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": np.zeros_like(input_ids)}
 
-    def embed(self, texts: list[str], pooling: str = "cls", normalize: bool = False,
+    def embed(self, texts: list[str], pooling: str | None = None, normalize: bool | None = None,
               batch_size: int = 32) -> np.ndarray:
         """[n, hidden] sentence vectors: the [CLS] hidden state, or the mean over real tokens
-        (sentence-transformers' pooling); `normalize` scales each to unit length for cosine similarity."""
-        if pooling not in ("cls", "mean"):
-            raise ValueError(f"pooling={pooling!r}; choose 'cls' or 'mean'")
+        (sentence-transformers' pooling); `normalize` scales each to unit length for cosine similarity. Unset, both
+        follow the checkpoint's `pooling` ([CLS], not normalized, when it has none)."""
+        rule = sentence_embedding.overridden(self.pooling, pooling, normalize)
         texts = list(texts)
-        vectors = [self._pool(texts[i:i + batch_size], pooling) for i in range(0, len(texts), batch_size)]
-        vectors = np.concatenate(vectors) if vectors else np.zeros((0, self.config.hidden_size), np.float32)
-        if normalize:
-            vectors = vectors / np.maximum(np.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
-        return vectors
+        vectors = [self._pool(texts[i:i + batch_size], rule) for i in range(0, len(texts), batch_size)]
+        return np.concatenate(vectors) if vectors else np.zeros((0, self.config.hidden_size), np.float32)
 
-    def _pool(self, texts: list[str], pooling: str) -> np.ndarray:
+    def _pool(self, texts: list[str], pooling: sentence_embedding.Pooling) -> np.ndarray:
         inputs = self.tokenize(texts)
         hidden = self.encode(**inputs)["last_hidden_state"]
-        if pooling == "cls":
-            return hidden[:, 0]
-        mask = inputs["attention_mask"][..., None].astype(hidden.dtype)
-        return (hidden * mask).sum(1) / np.maximum(mask.sum(1), 1e-9)
+        return np.asarray(sentence_embedding.pool(hidden, inputs["attention_mask"], pooling))
 
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
         """For each mask token in `text` (e.g. "[MASK]", "<mask>"), the top_k (token, probability) predictions."""
@@ -211,7 +214,17 @@ def load_pretrained(path, head: str | None = None, mesh=None) -> Pretrained:
     params, config = narrow(params, config, have, head or have)
     model = modeling.model_for_head(config, head or have)
     params = jax.device_put(params, jax.tree.map(lambda leaf: leaf.sharding, abstract_target(model, mesh)))
-    return Pretrained(config=config, head=head or have, params=params, tokenizer=tokenizer)
+    return Pretrained(config=config, head=head or have, params=params, tokenizer=tokenizer,
+                      pooling=read_pooling(path))
+
+
+def read_pooling(path: storage.Path) -> sentence_embedding.Pooling | None:
+    """How the checkpoint makes sentence vectors: a sentence-transformers folder's modules, or the config of an
+    embedding run (bert_jax.embed_train); None for other checkpoints."""
+    workdir, _ = workdir_and_step(path)
+    if workdir is not None:
+        return sentence_embedding.pooling_of_run(_read_json(workdir / CONFIG_FILE))
+    return sentence_embedding.read_folder_pooling(path) if path.is_dir() else None
 
 
 def read_checkpoint(path: storage.Path, mesh=None):
@@ -422,7 +435,10 @@ def _read_errors_named(folder: storage.Path, step: int, steps: list[int]):
 
 
 def _workdir_tokenizer(workdir: storage.Path) -> tokenizer_lib.Tokenizer | None:
-    """The tokenizer a training config names (config.data.tokenizer_kind/tokenizer_path), if it exists here."""
+    """The tokenizer a training config names (config.data.tokenizer_kind/tokenizer_path), if it exists here, or the
+    copy an embedding run keeps in tokenizer/."""
+    if (workdir / TOKENIZER_DIR).is_dir():
+        return find_tokenizer(workdir / TOKENIZER_DIR)
     data = _read_json(workdir / CONFIG_FILE).get("data") or {}
     if not data.get("tokenizer_path"):
         return None
@@ -459,18 +475,21 @@ def find_tokenizer(directory: storage.Path, found: tokenizer_lib.Tokenizer | Non
 
 def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) -> storage.Path:
     """Write `obj` as an HF directory (config.json + model.safetensors; ELECTRA's `both` as discriminator/ and
-    generator/ subdirectories) or as a bert_jax workdir (config.json + checkpoints/<step>/params). Tokenizer files
-    are copied along. Written to a hidden sibling folder and moved into place, so a failure leaves nothing behind.
-    For a bucket the sibling is in the bucket too: Orbax marks a finished step there with a file, which a local
-    save would lack."""
+    generator/ subdirectories), as a sentence-transformers folder (its backbone as an HF directory, plus its pooling:
+    obj.pooling, else mean pooling as sentence-transformers gives a plain HF folder) or as a bert_jax workdir
+    (config.json + checkpoints/<step>/params). Tokenizer files are copied along. Written to a hidden sibling folder
+    and moved into place, so a failure leaves nothing behind. For a bucket the sibling is in the bucket too: Orbax
+    marks a finished step there with a file, which a local save would lack."""
     path = storage.as_path(path)
-    if format not in ("hf", "bert_jax"):
-        raise ValueError(f"format={format!r}; choose 'hf' or 'bert_jax'")
+    if format not in FORMATS:
+        raise ValueError(f"format={format!r}; choose one of {FORMATS}")
     check_output_free(path)
     staging = storage.make_dirs(path.parent / f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
     try:
         if format == "hf":
             write_hf(obj, staging)
+        elif format == "sentence-transformers":
+            write_sentence_transformers(obj, staging)
         else:
             write_bert_jax(obj, staging, step)
         if path.exists():
@@ -511,6 +530,15 @@ def write_hf(obj: Pretrained, directory: storage.Path) -> None:
                     state_dict.params_to_hf(params, obj.config, head, hf_base), obj.tokenizer)
 
 
+def write_sentence_transformers(obj: Pretrained, directory: storage.Path) -> None:
+    """The backbone as HF files (what sentence-transformers' Transformer module loads) and the pooling files."""
+    params, config = narrow(obj.params, obj.config, obj.head, "backbone")
+    write_hf(dataclasses.replace(obj, params=params, config=config, head="backbone"), directory)
+    pooling = obj.pooling or sentence_embedding.DEFAULT_EXPORT_POOLING
+    sentence_embedding.write_folder_files(directory, pooling, config.hidden_size,
+                                          pooling.max_seq_length or max_tokens(config))
+
+
 def _write_hf_model(directory: storage.Path, hf_config: dict, state: dict, tokenizer) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
@@ -524,7 +552,8 @@ def write_bert_jax(obj: Pretrained, directory: storage.Path, step: int) -> None:
 
     objective = {"pretraining": families.of(obj.config).objective, "masked_lm": "mlm", "generator": "mlm",
                  "both": "rtd"}.get(obj.head)
-    saved = {"model": obj.config.to_dict(), "objective": objective, "head": obj.head}
+    saved = {"model": obj.config.to_dict(), "objective": objective, "head": obj.head,
+             **sentence_embedding.run_keys(obj.pooling)}
     (directory / CONFIG_FILE).write_text(json.dumps(saved, indent=2) + "\n")
     with ocp.CheckpointManager(directory / CHECKPOINT_DIR) as manager:
         manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(obj.params)))

@@ -5,6 +5,7 @@
     metrics.jsonl    one row per logged step; tensorboard/ the same as event files
     results.json     fine-tuning's final scores; predictions/ (GLUE) or predictions.json (SQuAD) its predictions
     summary.json     the comparison's record of a finished pretraining run; seconds.json of a fine-tune
+    tokenizer/       an embedding run's copy of its tokenizer, so that the workdir loads as a model by itself
 
 A workdir is never a model folder: a folder holding anything else (an HF model, a tokenizer, an export) is refused
 before a byte is written, so that a path meant for --config.init_from is never overwritten.
@@ -29,8 +30,9 @@ TENSORBOARD_DIR = "tensorboard"
 RESULTS_FILE = "results.json"
 SUMMARY_FILE = "summary.json"
 SECONDS_FILE = "seconds.json"
+TOKENIZER_DIR = "tokenizer"
 RUN_FILES = frozenset({CONFIG_FILE, CHECKPOINT_DIR, METRICS_FILE, TENSORBOARD_DIR, RESULTS_FILE, "predictions",
-                       "predictions.json", SUMMARY_FILE, SECONDS_FILE})
+                       "predictions.json", SUMMARY_FILE, SECONDS_FILE, TOKENIZER_DIR})
 # Execution switches: changing them between runs keeps the parameters loadable (scan_layers changes the layout).
 EXECUTION_KEYS = ("dtype", "remat_policy", "attention_impl")
 

@@ -26,7 +26,8 @@ ANGLE_PLACEHOLDERS = {"<family>": "bert", "<size>": "tiny", "<task>": "rte"}  # 
 # Flags whose values are data a command reads: they must be bundled or fetched by a documented command.
 DATA_FLAGS = {"--config.data_dir", "--config.train_file", "--config.predict_file", "--config.init",
               "--config.init_from", "--config.data.input_files", "--config.data.prepared_dir",
-              "--config.data.tokenizer_path", "--data", "--corpus", "--glue", "--tokenizer", "--input", "--init"}
+              "--config.data.tokenizer_path", "--data", "--corpus", "--glue", "--tokenizer", "--input", "--init",
+              "--squad", "--config.eval_sts_file", "--config.eval_beir_dir", "--config.train_files"}
 # Flags whose values a documented command writes, so that later commands may read them.
 OUTPUT_FLAGS = {"--workdir", "--output", "--results_dir", "--local-dir", "--data_dir", "-o"}
 POSITIONAL_DATA = ("bert_jax.input_pipeline.prepare", "bert_jax.input_pipeline.plain_text",

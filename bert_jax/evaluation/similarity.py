@@ -16,19 +16,19 @@ import json
 import numpy as np
 from absl import flags, logging
 
-from bert_jax import cli, data_sources, storage
+from bert_jax import cli, data_sources, sentence_embedding, storage
 from bert_jax.errors import UserError
 from bert_jax.evaluation import glue_metrics
 from bert_jax.tasks import glue
 
-POOLINGS = ("cls", "mean")
+POOLINGS = sentence_embedding.POOLINGS
 
 
 class SimilarityError(UserError):
     """Pairs whose correlation with the gold scores is undefined; the message names the file and why."""
 
 
-def cosine_similarities(pretrained, text_a: list[str], text_b: list[str], pooling: str) -> np.ndarray:
+def cosine_similarities(pretrained, text_a: list[str], text_b: list[str], pooling: str | None) -> np.ndarray:
     """Cosine of each pair's sentence vectors; both sides are embedded in one pass."""
     vectors = pretrained.embed(list(text_a) + list(text_b), pooling=pooling, normalize=True)
     return np.sum(vectors[:len(text_a)] * vectors[len(text_a):], axis=-1)
@@ -61,7 +61,8 @@ def read_pairs(data: str, tfds_data_dir: str | None = None) -> glue.Split:
     return glue.load_split(task, "dev", data, tfds_data_dir, flag="--data")[0]
 
 
-def evaluate(pretrained, data: storage.PathLike, pooling: str, tfds_data_dir: str | None = None) -> dict[str, float]:
+def evaluate(pretrained, data: storage.PathLike, pooling: str | None,
+             tfds_data_dir: str | None = None) -> dict[str, float]:
     """Pearson and Spearman correlation of the pairs' cosines with the gold scores, the pairs scored and skipped."""
     pairs = read_pairs(str(data), tfds_data_dir)
     usable = has_text(pairs)
@@ -88,8 +89,8 @@ def main(argv):
 
     f = flags.FLAGS
     scores = evaluate(load_pretrained(f.init, head="backbone"), f.data, f.pooling, f.tfds_data_dir)
-    print(f"{scores['pairs']} pairs from {f.data} ({scores['skipped']} skipped), {f.pooling} pooling: "
-          f"Pearson {scores['pearson']:.4f}, Spearman {scores['spearman']:.4f}")
+    print(f"{scores['pairs']} pairs from {f.data} ({scores['skipped']} skipped), {f.pooling or 'the checkpoint'} "
+          f"pooling: Pearson {scores['pearson']:.4f}, Spearman {scores['spearman']:.4f}")
     print(json.dumps({"pearson": scores["pearson"], "spearman": scores["spearman"]}))
 
 
@@ -98,5 +99,6 @@ if __name__ == "__main__":  # flags defined here, so that benchmarks can import 
     flags.DEFINE_string("data", None, "STS-B pairs: a TSV or parquet file, a folder of them (its dev split) or "
                         "tfds:glue/stsb[:SPLIT].", required=True)
     flags.DEFINE_string("tfds_data_dir", None, "Where TFDS datasets are built (TFDS's default folder if unset).")
-    flags.DEFINE_enum("pooling", "cls", POOLINGS, "Sentence vector: the [CLS] hidden state or the mean over tokens.")
+    flags.DEFINE_enum("pooling", None, POOLINGS, "Sentence vector: the [CLS] hidden state or the mean over tokens "
+                      "(default: the checkpoint's pooling, e.g. a sentence-transformers folder's; else [CLS]).")
     cli.run(main)

@@ -224,8 +224,9 @@ class SpanExtractor(nn.Module):
 #   generator      ELECTRA's MLM generator (a masked_lm model with the generator's config)
 #   both           ELECTRA's generator and discriminator, sharing their embeddings
 HEADS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator", "both")
-# The head each pretraining objective trains.
-HEAD_OF_OBJECTIVE = {"mlm_nsp": "pretraining", "mlm_sop": "pretraining", "mlm": "masked_lm", "rtd": "both"}
+# The head each objective trains (contrastive: bert_jax.embed_train, whose checkpoints hold the backbone alone).
+HEAD_OF_OBJECTIVE = {"mlm_nsp": "pretraining", "mlm_sop": "pretraining", "mlm": "masked_lm", "rtd": "both",
+                     "contrastive": "backbone"}
 
 
 def objective_head(objective: str, model: Config) -> str | None:
