@@ -63,7 +63,8 @@ def test_restores_sharded_onto_a_mesh(bert_run):
     on_mesh = bert_jax.load_pretrained(workdir, mesh=mesh)
     words = on_mesh.params["backbone"]["embeddings"]["word_embeddings"]["embedding"]
     assert words.sharding.mesh.shape == mesh.shape and words.sharding.spec == PartitionSpec("tensor", "fsdp")
-    assert len(words.addressable_shards) == 8 and words.addressable_shards[0].data.shape == (128, 16)
+    assert len(words.addressable_shards) == 8
+    assert words.addressable_shards[0].data.shape == (words.shape[0] // 2, words.shape[1] // 2)  # tensor x fsdp
     jax.tree.map(np.testing.assert_array_equal, on_mesh.params, saved[20])
     on_cpu = bert_jax.load_pretrained(workdir)
     ids = np.arange(12, dtype=np.int32).reshape(2, 6) + 5

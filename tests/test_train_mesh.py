@@ -36,7 +36,7 @@ def test_meshes_agree_and_shard_by_the_rules(tmp_path):
 def test_bad_meshes_fail_before_compute(tmp_path):
     with pytest.raises(sharding.MeshError, match="must equal the 8 devices"):
         train.train_and_evaluate(tiny_config("bert", **{"mesh.data": 3}), str(tmp_path / "a"), synthetic_batches)
-    with pytest.raises(sharding.MeshError, match="batch_size=8.*does not split over mesh data\\*fsdp = 8"):
+    with pytest.raises(sharding.MeshError, match="batch_size: batches of 8 .*do not split over mesh data\\*fsdp = 8"):
         train.train_and_evaluate(tiny_config("bert", **{"optimizer.grad_accum_steps": 2}), str(tmp_path / "b"),
                                  synthetic_batches)
     assert jax.device_count() == 8
