@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 
-from signal_exit import REPO_ROOT, Watched, busy_processes, logged_steps, wait_for_steps
+from signal_exit import REPO_ROOT, Watched, busy_beside, logged_steps, wait_for_steps
 
 SAVE_EVERY = 5
 
@@ -50,8 +50,7 @@ def one_run(load: int, disk_mb: int, repo: str, cache: str) -> dict:
                            f"--config.checkpoint_every_steps={SAVE_EVERY}", "--config.keep_checkpoints=5",
                            "--config.eval_every_steps=0", "--config.peak_flops=1e12"], repo, env)
             wait_for_steps([run], workdir / "metrics.jsonl", 1)
-            busy = busy_processes(load)
-            try:
+            with busy_beside(load):
                 least_free, full_after_step = free_bytes(disk), None
                 while run.exited_at is None:
                     free = free_bytes(disk)
@@ -59,10 +58,6 @@ def one_run(load: int, disk_mb: int, repo: str, cache: str) -> dict:
                         least_free, full_after_step = free, logged_steps(workdir / "metrics.jsonl")
                     time.sleep(0.005)
                 load_average = os.getloadavg()[0]
-            finally:
-                for p in busy:
-                    p.kill()
-                    p.wait()
             stopped_at = logged_steps(workdir / "metrics.jsonl")
         finally:
             subprocess.run(["umount", "-l", str(disk)], check=True)

@@ -14,6 +14,7 @@ Prints a table and, last, one JSON line.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -97,11 +98,9 @@ def one_run(processes: int, load: int, repo: str, cache: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="bert_jax-signal-exit-") as folder:
         workdir = pathlib.Path(folder) / "run"
         runs = [Watched(command, repo, env) for command in train_commands(workdir, processes)]
-        busy = []
-        try:
-            for steps in (1, STEPS_BEFORE_SIGNAL):
-                wait_for_steps(runs, workdir / "metrics.jsonl", steps)
-                busy = busy or busy_processes(load)
+        wait_for_steps(runs, workdir / "metrics.jsonl", 1)
+        with busy_beside(load):
+            wait_for_steps(runs, workdir / "metrics.jsonl", STEPS_BEFORE_SIGNAL)
             signalled = time.monotonic()
             for r in runs:
                 r.process.send_signal(signal.SIGTERM)
@@ -111,10 +110,6 @@ def one_run(processes: int, load: int, repo: str, cache: str) -> dict:
                     commit = time.monotonic()
                 time.sleep(0.005)
             load_average = os.getloadavg()[0]
-        finally:
-            for p in busy:
-                p.kill()
-                p.wait()
         for r in runs:
             r.wait(timeout=60)
     stop = runs[0].first(STOP_LINE)
@@ -138,8 +133,16 @@ def wait_for_steps(runs: list[Watched], metrics: pathlib.Path, steps: int) -> No
         time.sleep(0.05)
 
 
-def busy_processes(count: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+@contextlib.contextmanager
+def busy_beside(count: int):
+    """`count` busy processes beside the block (a loaded machine), killed when it ends."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
 
 
 def main():

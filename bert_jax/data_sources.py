@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import logging
 import re
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from bert_jax import storage
 from bert_jax.errors import UserError
@@ -151,3 +152,16 @@ def parquet_columns(path: storage.PathLike, columns: list[str], hint: str) -> It
         raise storage.explain(path, e) from e
     except ValueError as e:
         raise DataSourceError(f"{path}: not a parquet file ({e})") from e
+
+
+def json_lines(lines: Iterable[str], where: str, error: type[UserError]) -> Iterator[tuple[int, object]]:
+    """(line number, value) of each non-blank line of a JSON lines text; a line that is not JSON raises `error`
+    naming where:number, since a reader that skipped it would silently train or score on fewer rows."""
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            value = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise error(f"{where}:{number}: not a JSON object ({e}); JSON lines hold one object per line") from e
+        yield number, value

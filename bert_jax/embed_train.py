@@ -193,16 +193,10 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     tx = optimizer_lib.make_optimizer(opt, total_steps)
     schedule = optimizer_lib.learning_rate_schedule(opt, total_steps)
     init_fn = functools.partial(initial_state, encoder, tx, config)
-    boxed_state = jax.eval_shape(init_fn, jax.random.key(config.seed))
-    state_shardings = sharding.mesh_shardings(boxed_state, mesh)
     batch_sharding, replicated = sharding.batch_sharding(mesh), sharding.replicated(mesh)
     manager = checkpoints.checkpoint_manager(workdir, config.keep_checkpoints)
-    start_step, state = checkpoints.restore_latest(manager,
-                                                   checkpoints.abstract_tree(nn.unbox(boxed_state), state_shardings))
-    if start_step:
-        run_loop.announce("resuming from %s at step %d", manager.directory, start_step)
-    else:
-        state = jax.jit(lambda rng: nn.unbox(init_fn(rng)), out_shardings=state_shardings)(jax.random.key(config.seed))
+    start_step, state, state_shardings = train_lib.resumed_or_fresh_state(manager, init_fn, mesh, config.seed)
+    if not start_step:
         state["params"] = jax.device_put(pretrained.params, state_shardings["params"])
 
     # ---- The jitted step, and the evaluation after the last one ------------------------------------------------------

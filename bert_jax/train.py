@@ -111,6 +111,21 @@ def initial_state(model: nn.Module, tx: optax.GradientTransformation, rng) -> di
             "rng": jax.random.key_data(state_rng)}
 
 
+def resumed_or_fresh_state(manager, init_fn, mesh, seed: int) -> tuple[int, dict, dict]:
+    """(start step, state, state shardings) of a fine-tuning or embedding run: the newest readable checkpoint in
+    `manager`, or step 0 and init_fn's state initialised in place on the mesh (the caller then puts its pretrained
+    weights in)."""
+    boxed_state = jax.eval_shape(init_fn, jax.random.key(seed))
+    state_shardings = sharding.mesh_shardings(boxed_state, mesh)
+    abstract_state = checkpoints.abstract_tree(nn.unbox(boxed_state), state_shardings)
+    start_step, state = checkpoints.restore_latest(manager, abstract_state)
+    if start_step:
+        run_loop.announce("resuming from %s at step %d", manager.directory, start_step)
+        return start_step, state, state_shardings
+    fresh = jax.jit(lambda rng: nn.unbox(init_fn(rng)), out_shardings=state_shardings)(jax.random.key(seed))
+    return 0, fresh, state_shardings
+
+
 def micro_batches(batch: dict, count: int) -> dict:
     """[B, ...] -> [count, B / count, ...], micro-batch i = rows i, i + count, ...: every device keeps its rows."""
     return jax.tree.map(lambda x: x.reshape(x.shape[0] // count, count, *x.shape[1:]).swapaxes(0, 1), batch)

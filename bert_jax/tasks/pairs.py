@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import json
 
-from bert_jax import storage
+from bert_jax import data_sources, storage
 from bert_jax.errors import UserError
 
 COLUMNS = ("query", "positive", "negative")
@@ -51,10 +50,7 @@ def read_rows(file: storage.Path):
     except OSError as e:
         raise PairsDataError(str(storage.explain(file, e))) from e
     if file.name.endswith(".parquet"):
-        try:
-            import pyarrow.parquet as pq
-        except ImportError as e:
-            raise PairsDataError(f"{file}: reading parquet needs pyarrow; pip install -e '.[embed]'") from e
+        import pyarrow.parquet as pq
 
         try:
             table = pq.read_table(io.BytesIO(data))
@@ -66,13 +62,10 @@ def read_rows(file: storage.Path):
         text = data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise PairsDataError(f"{file}: not UTF-8 text ({e}); JSON lines files are UTF-8") from e
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise PairsDataError(f"{file}:{number}: not a JSON object ({e}); one object per line") from e
+    for number, row in data_sources.json_lines(text.splitlines(), str(file), PairsDataError):
+        if not isinstance(row, dict):
+            raise PairsDataError(f"{file}:{number}: a JSON {type(row).__name__}, not an object with 'query' and "
+                                 "'positive' texts")
         yield f"line {number}", row
 
 
