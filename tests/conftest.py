@@ -68,7 +68,8 @@ def bucket_dir(gcs_server, request):
 
 
 def pytest_unconfigure(config):
-    """Remove the session's compilation cache (not one the caller named in JAX_COMPILATION_CACHE_DIR)."""
+    """Remove the session's compilation cache (not one the caller named in JAX_COMPILATION_CACHE_DIR), from the
+    main process only: pytest-xdist's workers inherit its folder and share it, and end one after the other."""
     own = os.environ.get("BERT_JAX_TESTS_OWN_XLA_CACHE")
-    if own:
+    if own and not hasattr(config, "workerinput"):
         shutil.rmtree(own, ignore_errors=True)
