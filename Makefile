@@ -20,7 +20,7 @@ $(VENV)/.installed: setup.py
 	touch $@
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q --durations=15 tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 tests
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -29,6 +29,7 @@ setup(
     extras_require={
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.8",  # `make test` runs the suite on two workers (-n 2), one test file per worker at a time
             "ruff>=0.17,<0.18",  # `make lint` (ruff.toml)
             "apache-beam>=2.70",  # tests/input_pipeline/test_beam.py: the Beam prepare driver
             "gcp-storage-emulator>=2024.8",  # a GCS server on localhost for the bucket tests (tests/gcs_server.py)

@@ -7,6 +7,7 @@ discriminator), so nothing is allocated; pretraining heads are not counted, as i
 """
 from __future__ import annotations
 
+import functools
 import json
 import sys
 
@@ -43,8 +44,10 @@ def electra_generator_params(model_config) -> int:
             - modeling.count_params(params["backbone"]["embeddings"], gen_config))
 
 
-def rows() -> list[dict]:
-    """One row per preset: architecture, counted parameters, the paper's and the seed's figures."""
+@functools.cache
+def rows() -> tuple[dict, ...]:
+    """One row per preset: architecture, counted parameters, the paper's and the seed's figures. Counting traces
+    every preset's model (seconds for the large ones), so it is done once per process; callers only read it."""
     table = []
     for family in families.names():
         for size in families.get(family).sizes:
@@ -62,7 +65,7 @@ def rows() -> list[dict]:
                 row["generator_params"] = electra_generator_params(model)
                 row["note"] = "; ".join(filter(None, [row["note"], electra_seed_note(row)]))
             table.append(row)
-    return table
+    return tuple(table)
 
 
 def electra_seed_note(row: dict) -> str:

@@ -123,7 +123,7 @@ def test_whole_experiment_writes_the_table_and_plots_and_repeats_exactly(tmp_pat
         points = report["rows"][family]["points"]
         assert [p["step"] for p in points] == [pre["total_steps"] // 2, pre["total_steps"]]
         for point in points:
-            assert set(point["runs"]) == {"stsb", "rte"}
+            assert set(point["runs"]) == {"rte"}
             for task, runs in point["runs"].items():
                 assert len(runs) == 1 and -100 <= compare.task_score(task, runs[0]) <= 100
     assert report["rows"][compare.BASELINE]["points"][0]["flops"] == 0
