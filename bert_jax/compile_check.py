@@ -35,7 +35,7 @@ from bert_jax import cli, config_lib, families, flops, sharding, train
 from bert_jax import sharding_audit as audit
 from bert_jax.errors import UserError
 from bert_jax.config_lib import generator_config
-from bert_jax.modeling.transformer import attention_kernel, splash_block, splash_tiles
+from bert_jax.modeling.transformer import attention_kernel, splash_block, splash_fused_backward, splash_tiles
 
 GB = 2 ** 30  # as Cloud TPU's specifications and XLA count memory
 
@@ -267,8 +267,9 @@ _SPLASH_CALL = re.compile(r"^\s*(?:ROOT )?%splash_mha_(fwd|dkv|dq)\w*(?:\.\d+)? 
 
 def splash_flops(hlo_text: str, config, mesh) -> float:
     """FLOPs per chip and step of the splash kernels the step calls, which XLA's cost model cannot see into (it
-    costs a Pallas call by its operands alone): the tiles each computes, 2 matmuls a tile forward and 5 in the fused
-    backward, times the kernel calls the HLO makes (a rematerialised forward counts again)."""
+    costs a Pallas call by its operands alone): the tiles each layer computes, 2 matmuls a tile forward and in the
+    backward 5 (fused) or 4 + 3 (splash_fused_backward), times the forward passes the HLO makes a layer (a
+    rematerialised forward counts again)."""
     module = audit.computations(hlo_text)
     runs = audit.computation_runs(module)
     calls = {"fwd": 0, "dkv": 0, "dq": 0}
@@ -282,15 +283,17 @@ def splash_flops(hlo_text: str, config, mesh) -> float:
     encoders = [config.model] + ([generator_config(config.model)] if config.objective == "rtd" else [])
     rows = config.data.batch_size // config.optimizer.grad_accum_steps // (mesh.shape["data"] * mesh.shape["fsdp"])
     seq, family = config.data.seq_length, families.of(config.model)
-    forward_pass, layers = 0, 0
+    layers = sum(model.num_hidden_layers for model in encoders)
+    forward_runs, backward = calls["fwd"] / layers, calls["dkv"] > 0
+    total = 0.0
     for model in encoders:
         heads, width = model.num_attention_heads // mesh.shape["tensor"], model.hidden_size // model.num_attention_heads
         for layer in range(model.num_hidden_layers):
             window = family.attention_half_window(model, layer) if family.attention_half_window else None
-            forward_pass += 4 * rows * heads * splash_tiles(seq, window) * splash_block(seq, window) ** 2 * width
-        layers += model.num_hidden_layers
-    fused = not calls["dq"]  # the fused backward computes dq in its dkv kernel: 5 matmuls a tile, else 4 + 3
-    return forward_pass / layers * (calls["fwd"] + calls["dkv"] * (5 if fused else 4) / 2 + calls["dq"] * 3 / 2)
+            forward_pass = 4 * rows * heads * splash_tiles(seq, window) * splash_block(seq, window) ** 2 * width
+            backward_matmuls = 5 if splash_fused_backward(seq, window) else 4 + 3
+            total += forward_pass * (forward_runs + backward * backward_matmuls / 2)
+    return total
 
 
 _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')

@@ -43,6 +43,12 @@ MASKS = {  # name: (sequence length, packed, half window)
 }
 
 
+def test_the_masks_cover_both_backward_kernels():
+    """splash_kernel fuses the backward pass over a single kv tile only; the parity cases must run both kinds."""
+    kinds = {transformer.splash_fused_backward(seq, half_window) for seq, _, half_window in MASKS.values()}
+    assert kinds == {True, False}
+
+
 @pytest.mark.parametrize("name", MASKS)
 def test_splash_matches_the_reference_forward_and_backward(name):
     seq, packed, half_window = MASKS[name]

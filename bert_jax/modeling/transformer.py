@@ -301,16 +301,31 @@ def splash_tiles(seq_length: int, half_window: int | None) -> int:
     return int(reach.sum())
 
 
+def splash_fused_backward(seq_length: int, half_window: int | None) -> bool:
+    """Whether splash_kernel fuses the backward pass: only over a single kv tile (see there)."""
+    return splash_block(seq_length, half_window) == seq_length
+
+
 def splash_kernel(seq_length: int, heads: int, half_window: int | None, interpret: bool):
     """The splash kernel for one example's [heads, S, d]: block-sparse over a local window (only the tiles that
-    touch it run), or over all of S; the fused backward kernel (dq, dk, dv in one pass)."""
+    touch it run), or over all of S.
+
+    The fused backward kernel (dq, dk and dv in one pass) writes a partial dq for every kv tile and sums them outside
+    the kernel: at one kv tile that is free, but at ModernBERT's 8192 tokens the sum of 16 to 64 partials took 60% of
+    the step's compiled cycles (XLA:TPU's estimate) and half its memory. So it is fused only over a single kv tile;
+    otherwise a separate dq kernel recomputes the tiles' logits (3 matmuls a tile; dk and dv take 4, the fused
+    kernel 5 for all three).
+    """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     shape = (seq_length, seq_length)
     mask = splash.FullMask(shape) if half_window is None else splash.LocalMask(shape, (half_window, half_window), 0)
     block = splash_block(seq_length, half_window)
+    fused = splash_fused_backward(seq_length, half_window)
+    dq_blocks = {} if fused else dict(block_q_dq=block, block_kv_dq=block)
     blocks = splash.BlockSizes(block_q=block, block_kv=block, block_kv_compute=block, block_q_dkv=block,
-                               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=True)
+                               block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=fused,
+                               **dq_blocks)
     return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=blocks, head_shards=1,
                                   q_seq_shards=1, interpret=interpret)
 
