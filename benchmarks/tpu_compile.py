@@ -2,6 +2,7 @@
 
     python benchmarks/tpu_compile.py [--rows=bert-large-512@v5p-8,...] [--out=benchmarks/tpu_compile.jsonl]
     python benchmarks/tpu_compile.py --rows=bert-large-512@v5p-8:72   # that batch per chip only, no search
+                                       # (the table then gives the largest batch its memory predicts)
 
 Per row (a paper-size preset at a paper sequence length on a topology) it finds the largest batch per chip that
 fits in few compiles: one compile at a probe batch gives the memory as fixed + per-example (the temporaries scale with
@@ -76,6 +77,15 @@ def compile_row(family, size, seq, topology, batch_per_chip) -> dict:
     return row
 
 
+def predicted_largest_batch(row: dict) -> int:
+    """The batch per chip that fills HBM_MARGIN of the chip by the memory of a compiled row, taken as fixed (state)
+    + per-example (the temporaries, which scale with the batch); a multiple of 8 from 16 on."""
+    fixed = row["per_chip_gb"] - row["temp_gb"]
+    per_example = row["temp_gb"] / row["batch_per_chip"]
+    predicted = int((HBM_MARGIN * row["hbm_gb"] - fixed) / per_example)
+    return predicted // 8 * 8 if predicted >= 16 else predicted
+
+
 def largest_batch(family, size, seq, topology) -> dict:
     """The row of the largest batch per chip found to fit (see the module docstring)."""
     probe = max(1, PROBE_TOKENS // seq)
@@ -85,10 +95,7 @@ def largest_batch(family, size, seq, topology) -> dict:
         row = compile_row(family, size, seq, topology, probe)
     if not row["fits"]:
         return row
-    fixed = row["per_chip_gb"] - row["temp_gb"]
-    per_example = row["temp_gb"] / probe
-    predicted = int((HBM_MARGIN * row["hbm_gb"] - fixed) / per_example)
-    predicted = predicted // 8 * 8 if predicted >= 16 else predicted
+    predicted = predicted_largest_batch(row)
     best = row
     for batch in (predicted, int(predicted * 0.85)):
         if batch <= probe:
@@ -109,7 +116,10 @@ def markdown(rows: list[dict]) -> str:
         if not row["fits"]:
             lines.append(head + "none fits | | | | | |")
             continue
-        lines.append(head + f"{row['batch_per_chip']:g} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.0f} GB | "
+        batch = f"{row['batch_per_chip']:g}"
+        if row.get("batch_given"):
+            batch += f" (given; memory predicts {predicted_largest_batch(row)})"
+        lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.0f} GB | "
                      f"{row['attention']} | {row['est_step_s'] * 1e3:.0f} ms | {row['est_mfu']:.2f} | "
                      f"{row['paper_days']:.1f} |")
     return "\n".join(lines)
@@ -141,7 +151,7 @@ def main():
             row = compile_row(family, size, seq, topology, batches[name])
         else:
             row = largest_batch(family, size, seq, topology)
-        row.update(name=name, preset=f"{family}-{size}")
+        row.update(name=name, preset=f"{family}-{size}", batch_given=name in batches)
         if row["fits"]:
             tokens_per_s = row["est_tokens_per_s_per_chip"] * row["chips"]
             row["paper_days"] = SCHEDULE_TOKENS[(family, seq)] / tokens_per_s / 86400
