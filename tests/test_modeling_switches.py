@@ -23,7 +23,9 @@ def inputs():
 
 
 def run(config, params, **kwargs):
-    return modeling.pretraining_model(config).apply({"params": params}, **inputs(), **kwargs)
+    """The model's outputs, compiled as one program (op by op, a remat or scan compiles hundreds of small ones)."""
+    model = modeling.pretraining_model(config)
+    return jax.jit(lambda params: model.apply({"params": params}, **inputs(), **kwargs))(params)
 
 
 @pytest.mark.parametrize("policy", ["full", "dots", "dots_with_no_batch_dims"])
@@ -34,8 +36,9 @@ def test_remat_policies_give_identical_loss_and_gradients(policy):
     def loss(p, config):
         return jnp.mean(run(config, p)["mlm_logits"] ** 2)
 
-    ref_loss, ref_grad = jax.value_and_grad(loss)(params, base)
-    remat_loss, remat_grad = jax.value_and_grad(loss)(params, tiny(remat_policy=policy))
+    loss_and_grad = lambda config: jax.jit(jax.value_and_grad(lambda p: loss(p, config)))(params)
+    ref_loss, ref_grad = loss_and_grad(base)
+    remat_loss, remat_grad = loss_and_grad(tiny(remat_policy=policy))
     np.testing.assert_allclose(remat_loss, ref_loss, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), remat_grad, ref_grad)
 
