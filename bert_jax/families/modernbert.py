@@ -119,15 +119,16 @@ def attention_half_window(config: Config, layer: int) -> int | None:
 
 
 def rotary(x, position_ids, theta: float):
-    """RoPE over [B, S, heads, d] in float32, rotating the two halves of each head (not interleaved pairs)."""
+    """RoPE over [B, S, heads, d], rotating the two halves of each head (not interleaved pairs): angles in float32,
+    the rotation in x's dtype with cos and sin rounded to it, as HF's ModernBERT does (in bfloat16 a float32
+    rotation cost 10% of the step in XLA:TPU's estimate at 8192 tokens)."""
     d = x.shape[-1]
     inverse_frequencies = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
     angles = position_ids[..., None].astype(jnp.float32) * inverse_frequencies  # [B, S, d/2]
     angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]
-    x32 = x.astype(jnp.float32)
-    first, second = jnp.split(x32, 2, axis=-1)
+    first, second = jnp.split(x, 2, axis=-1)
     rotated = jnp.concatenate([-second, first], axis=-1)
-    return (x32 * jnp.cos(angles) + rotated * jnp.sin(angles)).astype(x.dtype)
+    return x * jnp.cos(angles).astype(x.dtype) + rotated * jnp.sin(angles).astype(x.dtype)
 
 
 # ------------------------------------------------------------------------------------------------------ modules
