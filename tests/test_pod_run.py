@@ -22,7 +22,7 @@ from train_helpers import XLA_CACHE_DIR
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 DATA = pathlib.Path(__file__).parents[1] / "data"
-STEPS, STOP_AFTER = 40, 3  # after compiling, a step takes well under a second: leave the signal room
+STEPS, STOP_AFTER = 24, 3  # after compiling, a step takes well under a second: leave the signal room
 
 
 def run_env(gcs_server) -> dict:
