@@ -72,7 +72,7 @@ def compile_row(family, size, seq, topology, batch_per_chip) -> dict:
     config = table_config(family, size, seq, topology, batch_per_chip)
     row = compile_check.report(compile_check.compile_program(config, topology, with_eval=False))
     print(f"  batch {batch_per_chip}/chip: fits {row['fits']}, {row.get('per_chip_gb') or 0:.1f} GB, "
-          f"step {row.get('est_step_s', 0) * 1e3:.0f} ms, MFU {row.get('est_mfu', 0):.2f} "
+          f"step {(row.get('est_step_s') or 0) * 1e3:.0f} ms, MFU {row.get('est_mfu') or 0:.2f} "
           f"({row['compile_s']} s to compile)", flush=True)
     return row
 
@@ -119,9 +119,11 @@ def markdown(rows: list[dict]) -> str:
         batch = f"{row['batch_per_chip']:g}"
         if row.get("batch_given"):
             batch += f" (given; memory predicts {predicted_largest_batch(row)})"
-        lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.0f} GB | "
-                     f"{row['attention']} | {row['est_step_s'] * 1e3:.0f} ms | {row['est_mfu']:.2f} | "
-                     f"{row['paper_days']:.1f} |")
+        timing = "no estimate (the cost model's time is negative) | | |"
+        if row["est_step_s"]:
+            timing = f"{row['est_step_s'] * 1e3:.0f} ms | {row['est_mfu']:.2f} | {row['paper_days']:.1f} |"
+        lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.0f} GB | {row['attention']} | "
+                     + timing)
     return "\n".join(lines)
 
 
@@ -152,7 +154,7 @@ def main():
         else:
             row = largest_batch(family, size, seq, topology)
         row.update(name=name, preset=f"{family}-{size}", batch_given=name in batches)
-        if row["fits"]:
+        if row["fits"] and row["est_step_s"]:
             tokens_per_s = row["est_tokens_per_s_per_chip"] * row["chips"]
             row["paper_days"] = SCHEDULE_TOKENS[(family, seq)] / tokens_per_s / 86400
         with open(args.out, "a") as f:

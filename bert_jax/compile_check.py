@@ -240,26 +240,39 @@ def report(compiled: Compiled) -> dict:
     hlo = compiled.step.as_text()
     kernel_flops = splash_flops(hlo, config, compiled.mesh)
     compiler_seconds, hlo_flops, method = compiler_cost(compiled, cost)
-    step_seconds = compiler_seconds + kernel_flops / chip.peak_flops
     model_flops = flops.train_step_flops(config) / topology.chips
+    timing = step_estimates(config, topology, compiler_seconds, kernel_flops, model_flops)
     stats = audit.collective_stats(hlo)
     ideal = audit.ideal_bytes(config, compiled.mesh, compiled.program.state_shardings["params"],
                               compiled.program.abstract_state["params"])
     return {**base, "fits": total <= hbm, "per_chip_gb": total / GB, "temp_gb": memory.temp_size_in_bytes / GB,
             "arguments_gb": memory.argument_size_in_bytes / GB, "hlo_flops": hlo_flops, "splash_flops": kernel_flops,
-            "model_flops": model_flops, "compiler_step_s": compiler_seconds, "estimate": method,
-            "est_step_s": step_seconds,
-            "est_mfu": model_flops / (step_seconds * chip.peak_flops),
-            "est_tokens_per_s_per_chip": config.data.batch_size * config.data.seq_length / topology.chips
-            / step_seconds,
-            "est_days": config.total_steps * step_seconds / 86400, "total_steps": config.total_steps,
+            "model_flops": model_flops, "compiler_step_s": compiler_seconds,
+            "estimate": method if timing["est_step_s"] else f"none: XLA:TPU's cost model gave {compiler_seconds:.3g} s",
+            **timing, "total_steps": config.total_steps,
             "collectives": {kind: entry for kind, entry in stats.items() if entry["count"]},
             "collective_gb": audit.total_bytes(stats) / GB, "ideal_gb": sum(ideal.values()) / GB,
             "collective_wire_gb": audit.wire_bytes(stats) / GB,
             "ideal_wire_gb": audit.ideal_wire_bytes(config, ideal) / GB,
             "donated": audit.donated_inputs(hlo) == len(jax.tree.leaves(compiled.program.abstract_state)),
-            "splash_share": kernel_flops / chip.peak_flops / step_seconds, "cycle_shares": cycle_shares(hlo),
+            "cycle_shares": cycle_shares(hlo),
             "eval_compiled": compiled.evaluate is not None}
+
+
+def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_flops: float,
+                   model_flops: float) -> dict:
+    """The estimated step time (the compiler's plus the splash kernels' FLOPs at peak) and what follows from it:
+    MFU, tokens per second a chip, days for config.total_steps, the kernels' share. All None where the compiler's
+    own time is not positive: without a TPU, libtpu 0.0.42.1's cost model returns negative seconds for every step
+    compiled for v4, v5e or v6e (v5p's are positive)."""
+    peak = topology.chip.peak_flops
+    if compiler_seconds <= 0:
+        return dict.fromkeys(("est_step_s", "est_mfu", "est_tokens_per_s_per_chip", "est_days", "splash_share"))
+    step_seconds = compiler_seconds + kernel_flops / peak
+    return {"est_step_s": step_seconds, "est_mfu": model_flops / (step_seconds * peak),
+            "est_tokens_per_s_per_chip": config.data.batch_size * config.data.seq_length / topology.chips
+            / step_seconds,
+            "est_days": config.total_steps * step_seconds / 86400, "splash_share": kernel_flops / peak / step_seconds}
 
 
 _SPLASH_CALL = re.compile(r"^\s*(?:ROOT )?%splash_mha_(fwd|dkv|dq)\w*(?:\.\d+)? = ")
@@ -368,7 +381,7 @@ def cycle_shares(hlo_text: str) -> dict[str, float]:
                 kind = "layer_norms"
             elif "ropout" in op_name:
                 kind = "dropout"  # its random bits (threefry) as well as the masking
-            elif not re.search(r"jvp\(\w+\)", op_name):  # the model's ops are traced under jvp(<its module>)
+            elif not re.search(r"jvp\([\w.]+\)", op_name):  # the model's ops: jvp(<module>) or jvp(<module.method>)
                 kind = "optimizer"
             else:
                 kind = "other_elementwise"
@@ -412,19 +425,21 @@ def print_report(row: dict) -> None:
         return
     print(f"memory per chip: parameters + optimizer state {row['state_gb']:.2f} GB, temporaries (activations) "
           f"{row['temp_gb']:.2f} GB, total {row['per_chip_gb']:.2f} GB of {row['hbm_gb']:.1f} GB HBM")
+    timing = "no step time (the compiler's cost model gave none for this chip)"
+    if row["est_step_s"]:
+        timing = (f"step {row['est_step_s'] * 1e3:.1f} ms, MFU {row['est_mfu']:.2f}, "
+                  f"{row['est_tokens_per_s_per_chip']:.0f} tokens/s a chip; {row['total_steps']} steps in "
+                  f"{row['est_days']:.2f} days")
     print(f"compute per chip (compiler's estimate, not a measurement): {row['hlo_flops']:.3g} HLO FLOPs, "
-          f"{row['model_flops']:.3g} model FLOPs ({row['estimate']}), step {row['est_step_s'] * 1e3:.1f} ms, "
-          f"MFU {row['est_mfu']:.2f}, "
-          f"{row['est_tokens_per_s_per_chip']:.0f} tokens/s a chip; {row['total_steps']} steps in "
-          f"{row['est_days']:.2f} days")
+          f"{row['model_flops']:.3g} model FLOPs ({row['estimate']}), {timing}")
     kinds = ", ".join(f"{kind} {entry['count']} x / {entry['bytes'] / GB:.3f} GB"
                       for kind, entry in row["collectives"].items()) or "none"
     print(f"collectives per chip and step: {kinds}; {row['collective_gb']:.3f} GB against the layout's ideal "
           f"{row['ideal_gb']:.3f} GB (x{row['collective_gb'] / max(row['ideal_gb'], 1e-12):.2f}); on the wire "
           f"{row['collective_wire_gb']:.3f} GB against {row['ideal_wire_gb']:.3f} GB; state donated: {row['donated']}")
     shares = ", ".join(f"{kind} {share:.0%}" for kind, share in row["cycle_shares"].items())
-    print(f"where the estimate goes: splash kernels {row['splash_share']:.0%} of the step; the compiler's cycles of "
-          f"the rest: {shares}")
+    kernels = f"splash kernels {row['splash_share']:.0%} of the step; " if row["splash_share"] is not None else ""
+    print(f"where the estimate goes: {kernels}the compiler's cycles of the rest: {shares}")
 
 
 def check(config: ml_collections.ConfigDict, topology: Topology, with_eval: bool = True) -> dict:

@@ -82,6 +82,28 @@ def test_the_step_fits_and_reads_as_the_compilers_estimate(compiled):
     assert row["attention"] == "splash" and row["donated"]
 
 
+def test_cycles_are_told_apart_by_op_name_for_module_methods_too():
+    """ELECTRA traces its two halves as jvp(Electra.generator_logits): model work, not the optimizer update."""
+    line = '  %f.{i} = f32[8] fusion(%p), kind=kLoop, metadata={{op_name="{name}"}}, backend_config={{"estimated_cycles":"{c}"}}'
+    ops = [("jit(traced)/jvp(Electra.generator_logits)/generator/encoder/layer_0/gelu", 30),
+           ("jit(traced)/jvp(Model)/backbone/encoder/layer_1/gelu", 30), ("jit(traced)/jvp(Model)/x/norm/mul", 20),
+           ("jit(traced)/adam/mul", 20)]
+    hlo = "ENTRY %main (p: f32[8]) -> f32[8] {\n" + "\n".join(
+        line.format(i=i, name=name, c=cycles) for i, (name, cycles) in enumerate(ops)) + "\n}\n"
+    shares = compile_check.cycle_shares(hlo)
+    assert (shares["other_elementwise"], shares["layer_norms"], shares["optimizer"]) == (0.6, 0.2, 0.2)
+    assert shares["other: jvp(Electra.generator_logits)/generator/encoder/layer_N/gelu"] == 0.3
+
+
+def test_a_negative_compiler_time_gives_no_estimate_rather_than_a_wrong_one():
+    """libtpu's cost model returns negative seconds for v4, v5e and v6e steps: no time, MFU or days then."""
+    config, topology = small_bert(), compile_check.parse_topology("v5e-8")
+    assert set(compile_check.step_estimates(config, topology, -19.0, 1e12, 1e12).values()) == {None}
+    figures = compile_check.step_estimates(config, topology, 0.01, topology.chip.peak_flops * 0.01, 1e12)
+    assert figures["est_step_s"] == pytest.approx(0.02) and figures["splash_share"] == pytest.approx(0.5)
+    assert figures["est_mfu"] == pytest.approx(1e12 / (0.02 * topology.chip.peak_flops))
+
+
 def test_the_batch_is_split_over_data_and_fsdp_on_tpu(compiled):
     shapes = audit.activation_shapes(compiled.step.as_text())
     assert (BATCH // 4, SEQ, FFN) in shapes

@@ -453,7 +453,8 @@ def compile_budget(budget_name: str, topology_name: str, num_slices: int, seed: 
             rows[family] = {"fits": False, "error": str(error)}
             continue
         rows[family] = {**{k: row[k] for k in ("fits", "per_chip_gb", "est_step_s", "est_mfu", "total_steps")},
-                        "est_tpu_hours": row["est_step_s"] * config.total_steps * topology.chips / 3600}
+                        "est_tpu_hours": row["est_step_s"] and row["est_step_s"] * config.total_steps * topology.chips
+                        / 3600}
     return rows
 
 
