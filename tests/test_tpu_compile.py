@@ -84,7 +84,8 @@ def test_the_step_fits_and_reads_as_the_compilers_estimate(compiled):
 
 def test_cycles_are_told_apart_by_op_name_for_module_methods_too():
     """ELECTRA traces its two halves as jvp(Electra.generator_logits): model work, not the optimizer update."""
-    line = '  %f.{i} = f32[8] fusion(%p), kind=kLoop, metadata={{op_name="{name}"}}, backend_config={{"estimated_cycles":"{c}"}}'
+    line = ('  %f.{i} = f32[8] fusion(%p), kind=kLoop, metadata={{op_name="{name}"}}, '
+            'backend_config={{"estimated_cycles":"{c}"}}')
     ops = [("jit(traced)/jvp(Electra.generator_logits)/generator/encoder/layer_0/gelu", 30),
            ("jit(traced)/jvp(Model)/backbone/encoder/layer_1/gelu", 30), ("jit(traced)/jvp(Model)/x/norm/mul", 20),
            ("jit(traced)/adam/mul", 20)]
