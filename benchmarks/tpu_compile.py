@@ -121,7 +121,7 @@ def markdown(rows: list[dict]) -> str:
             batch += f" (given; memory predicts {predicted_largest_batch(row)})"
         timing = "no estimate (the cost model's time is negative) | | |"
         if row["est_step_s"]:
-            timing = f"{row['est_step_s'] * 1e3:.0f} ms | {row['est_mfu']:.2f} | {row['paper_days']:.1f} |"
+            timing = f"{row['est_step_s'] * 1e3:.0f} ms | {row['est_mfu']:.2f} | {row['paper_days']:.2g} |"
         lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.0f} GB | {row['attention']} | "
                      + timing)
     return "\n".join(lines)
