@@ -341,9 +341,9 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
     throughput = run_loop.Throughput(batch_size=config.data.batch_size,
                                      tokens_per_step=config.data.batch_size * config.data.seq_length,
                                      flops_per_step=flops.train_step_flops(config),
-                                     peak_flops=(config.peak_flops or measured_peak_flops()) * jax.device_count())
+                                     peak_flops=(config.peak_flops or measured_peak_flops()) * mesh.size)
     run_loop.announce("model FLOPs per step %.3g; peak %.3g FLOP/s over %d devices", throughput.flops_per_step,
-                      throughput.peak_flops, jax.device_count())
+                      throughput.peak_flops, mesh.size)
     schedule = run_loop.Schedule(config.total_steps, config.log_every_steps, config.checkpoint_every_steps,
                                  config.checkpoint_every_secs, config.nan_policy, config.eval_every_steps)
     return run_loop.run(state, start_step, batches, program.step, schedule, workdir, manager, evaluate,

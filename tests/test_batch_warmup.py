@@ -45,7 +45,7 @@ def test_bad_values_name_the_key(key, value, message):
         batch_warmup.validate(warmup_config(**{key: value}))
 
 
-def test_resume_across_a_size_change_is_exact_with_four_compiled_steps(tmp_path, monkeypatch):
+def test_resume_across_a_size_change_is_exact_with_four_compiled_steps(tmp_path, monkeypatch, one_device_mesh):
     config = warmup_config()
     programs = []
     build = train.build_program

@@ -107,7 +107,8 @@ def suite_compilation_cache(monkeypatch):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", previous)
 
 
-def test_whole_experiment_writes_the_table_and_plots_and_repeats_exactly(tmp_path, suite_compilation_cache):
+def test_whole_experiment_writes_the_table_and_plots_and_repeats_exactly(tmp_path, suite_compilation_cache,
+                                                                          one_device_mesh):
     work, results = tmp_path / "work", tmp_path / "results"
     # The two smaller books of the bundled corpus (each is one document; BERT's sentence pairs need two): every stage
     # runs the same code on 56% of the text to tokenize and pack.

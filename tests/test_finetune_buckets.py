@@ -101,7 +101,7 @@ def test_squad_task_reads_and_writes_in_a_bucket(bucket_dir):
     assert scores == squad_eval.evaluate(json.loads(SQUAD.read_text())["data"], predictions)
 
 
-def test_rte_finetune_with_data_and_workdir_in_a_bucket(bucket_dir, init_dir):  # noqa: F811
+def test_rte_finetune_with_data_and_workdir_in_a_bucket(bucket_dir, init_dir, one_device_mesh):  # noqa: F811
     # init stays local: bert_jax.pretrained reads local checkpoints only (its bucket support is converted apart).
     upload(DATA / "glue" / "RTE", f"{bucket_dir}/glue/RTE")
     config = small_config("glue:rte", init_dir, data_dir=f"{bucket_dir}/glue/RTE", max_seq_length=48,

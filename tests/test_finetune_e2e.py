@@ -45,7 +45,7 @@ def logged_losses(workdir):
     return [line["loss"] for line in lines if "loss" in line]
 
 
-def test_rte_classification_trains_predicts_and_resumes(init_dir, tmp_path):
+def test_rte_classification_trains_predicts_and_resumes(init_dir, tmp_path, one_device_mesh):
     config = small_config("glue:rte", init_dir, data_dir=str(DATA / "glue" / "RTE"), max_seq_length=48,
                           num_epochs=2.0, max_train_examples=32)
     results = finetune.train_and_evaluate(config, tmp_path)
@@ -62,7 +62,7 @@ def test_rte_classification_trains_predicts_and_resumes(init_dir, tmp_path):
     assert finetune.train_and_evaluate(config, tmp_path) == results
 
 
-def test_stsb_regression_learns_scores(init_dir, tmp_path):
+def test_stsb_regression_learns_scores(init_dir, tmp_path, one_device_mesh):
     config = small_config("glue:stsb", init_dir, data_dir=str(DATA / "glue" / "STS-B"), max_seq_length=48,
                           num_epochs=1.0)
     results = finetune.train_and_evaluate(config, tmp_path)
@@ -74,7 +74,7 @@ def test_stsb_regression_learns_scores(init_dir, tmp_path):
     assert len(scores) == 32 and all(0 <= s <= 5 for s in scores)
 
 
-def test_squad_spans_train_and_decode(init_dir, tmp_path):
+def test_squad_spans_train_and_decode(init_dir, tmp_path, one_device_mesh):
     sample = DATA / "squad" / "dev-v1.1-sample.json"
     config = small_config("squad:v1.1", init_dir, train_file=str(sample), predict_file=str(sample),
                           max_seq_length=96, doc_stride=48, max_query_length=24, num_epochs=1.0,
@@ -127,7 +127,7 @@ def test_squad_refuses_length_buckets(init_dir, tmp_path):
         finetune.train_and_evaluate(config, tmp_path)
 
 
-def test_sigterm_saves_and_a_rerun_ends_with_the_same_result(init_dir, tmp_path, monkeypatch):
+def test_sigterm_saves_and_a_rerun_ends_with_the_same_result(init_dir, tmp_path, monkeypatch, one_device_mesh):
     config = small_config("glue:rte", init_dir, data_dir=str(DATA / "glue" / "RTE"), max_seq_length=48,
                           num_epochs=2.0, max_train_examples=32)
     config.log_every_steps = 1

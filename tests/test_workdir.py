@@ -68,7 +68,7 @@ def test_a_runs_own_workdir_and_an_empty_folder_are_accepted(tmp_path):
         workdir_lib.check(tmp_path / "file", config)
 
 
-def test_metrics_rows_stay_one_per_step_across_a_resume(tmp_path):
+def test_metrics_rows_stay_one_per_step_across_a_resume(tmp_path, one_device_mesh):
     writer = MetricsWriter(tmp_path)
     for step in (1, 2, 3):
         writer.write(step, {"loss": float(step)})
