@@ -46,8 +46,7 @@ def checkpoint_manager(workdir: str | os.PathLike, keep: int) -> ocp.CheckpointM
     quiet_reported_orbax_errors()
     options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
                                            cleanup_tmp_directories=True)
-    workdir = storage.as_path(workdir)
-    return ocp.CheckpointManager((workdir if storage.is_remote(workdir) else workdir.absolute()) / CHECKPOINT_DIR,
+    return ocp.CheckpointManager(storage.orbax_path(workdir) / CHECKPOINT_DIR,
                                  options=options, item_names=("params", "train_state"),
                                  item_handlers={name: ocp.StandardCheckpointHandler()
                                                 for name in ("params", "train_state")})

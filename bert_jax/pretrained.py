@@ -203,8 +203,7 @@ def load_pretrained(path, head: str | None = None, mesh=None) -> Pretrained:
     """Load an HF model directory, an original TF1 checkpoint directory, or a bert_jax workdir (or one of its
     checkpoints/<step>). `head` picks a model inside the checkpoint (default: everything it holds); with `mesh`
     the params are sharded over it by the logical-axis rules, else they sit on the CPU."""
-    path = storage.as_path(path)
-    path = path if storage.is_remote(path) else path.absolute()  # Orbax takes absolute local paths only
+    path = storage.orbax_path(path)
     storage.check_bucket(path)
     if not path.exists() and not tf_checkpoint.index_file(path).exists():
         raise LoadError(f"{path} does not exist")
@@ -480,7 +479,7 @@ def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) ->
     (config.json + checkpoints/<step>/params). Tokenizer files are copied along. Written to a hidden sibling folder
     and moved into place, so a failure leaves nothing behind. For a bucket the sibling is in the bucket too: Orbax
     marks a finished step there with a file, which a local save would lack."""
-    path = storage.as_path(path)
+    path = storage.orbax_path(path)
     if format not in FORMATS:
         raise ValueError(f"format={format!r}; choose one of {FORMATS}")
     check_output_free(path)

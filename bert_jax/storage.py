@@ -43,6 +43,12 @@ def is_remote(path: PathLike) -> bool:
     return scheme(path) is not None
 
 
+def orbax_path(path: PathLike) -> Path:
+    """A local path made absolute, a bucket URL as it is: Orbax reads and writes absolute local paths only."""
+    path = as_path(path)
+    return path if is_remote(path) else path.absolute()
+
+
 def as_path(path: PathLike) -> Path:
     """A user's path string as an epath.Path; a URL scheme with no installed filesystem is a StorageError."""
     if isinstance(path, Path):

@@ -87,9 +87,10 @@ def test_electra_run_gives_generator_discriminator_or_both(tmp_path):
         bert_jax.load_pretrained(tmp_path / "electra", head="pretraining")
 
 
-def test_saved_bert_jax_format_is_the_workdir_layout(bert_run, tmp_path):
+def test_saved_bert_jax_format_is_the_workdir_layout(bert_run, tmp_path, monkeypatch):
     workdir, saved = bert_run
-    bert_jax.save_pretrained(bert_jax.load_pretrained(workdir), tmp_path / "copy", format="bert_jax")
+    monkeypatch.chdir(tmp_path)  # a relative path, as --workdir=runs/compare gives the comparison (Orbax: absolute)
+    bert_jax.save_pretrained(bert_jax.load_pretrained(workdir), "copy", format="bert_jax")
     written = json.loads((tmp_path / "copy" / "config.json").read_text())
     assert written["objective"] == "mlm_nsp" and written["model"]["scan_layers"]
     with ocp.CheckpointManager(tmp_path / "copy" / "checkpoints") as manager:
