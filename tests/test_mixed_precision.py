@@ -11,7 +11,7 @@ import pytest
 from flax import linen as nn
 
 from bert_jax import config_lib, modeling, objectives, optimizer, train
-from bert_jax.modeling.transformer import attention_mask_for, dot_product_attention, layer_norm
+from bert_jax.modeling.transformer import ONE_HOT_ROWS, attention_mask_for, dot_product_attention, layer_norm, lookup
 from train_helpers import global_batch_at, tiny_config
 
 
@@ -42,6 +42,21 @@ def test_layer_norm_statistics_stay_float32():
     x32 = x.astype(jnp.float32)
     expected = (x32 - x32.mean(-1, keepdims=True)) / jnp.sqrt(x32.var(-1, keepdims=True) + 1e-12)
     np.testing.assert_allclose(y.astype(jnp.float32), expected, atol=0.02)
+
+
+@pytest.mark.parametrize("rows", [2, ONE_HOT_ROWS, ONE_HOT_ROWS + 1])
+def test_embedding_gradients_count_every_token_under_bfloat16(rows):
+    # 4,096 tokens of one id: a bfloat16 accumulator stops growing at 256 (256 + 1 rounds back to 256), so the
+    # small tables' gradient (token types: every token adds into one of 2 rows) must sum in float32. The word
+    # table (over ONE_HOT_ROWS) keeps the gather, whose rows take few updates each: a few tokens per row there.
+    table = nn.Embed(rows, 8, dtype=jnp.bfloat16, param_dtype=jnp.float32)
+    ids = jnp.zeros((4, 1024), jnp.int32) if rows <= ONE_HOT_ROWS else jnp.arange(4 * 1024).reshape(4, 1024) % rows
+    params = table.init(jax.random.key(0), ids)
+    rows_read = table.apply(params, ids, method=lambda module, ids: lookup(module, ids))
+    np.testing.assert_array_equal(rows_read, params["params"]["embedding"].astype(jnp.bfloat16)[ids])  # exact
+    grads = jax.grad(lambda p: table.apply(p, ids, method=lambda module, ids: lookup(module, ids)).astype(
+        jnp.float32).sum())(params)["params"]["embedding"]
+    np.testing.assert_array_equal(grads[:, 0], np.bincount(np.asarray(ids).ravel(), minlength=rows))
 
 
 @pytest.mark.parametrize("impl", ["auto", "reference"])

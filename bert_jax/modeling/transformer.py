@@ -170,15 +170,24 @@ def word_table_init(config: Config):
     return nn.with_logical_partitioning(init, ("vocab", "token_embed"))
 
 
+ONE_HOT_ROWS = 1024  # tables up to this size (token types, learned positions) are looked up by a one-hot matmul
+
+
 def lookup(table: nn.Embed, ids: Array, rows: str | None = None) -> Array:
     """table[ids], with the table gathered whole along its width first (FSDP gathers parameters before use) and
     its rows split over `rows`: left to itself XLA looks up the whole batch in the width-split table instead.
 
-    The rows are taken in the parameters' dtype and cast after, so that the gradient's scatter-add accumulates in
-    float32: in bfloat16 its atomic adds serialize on an H200 (the 2-row token-type table gets all B x S updates),
-    33 of BERT-base's 122 ms step (benchmarks/RESULTS.md, "Device check")."""
-    embedding = constrain(table.embedding, (rows, "activation_embed"))
-    return jnp.take(embedding, ids, axis=0).astype(table.dtype)
+    Small tables are read by a one-hot matmul, as the original BERT reads its token types: a gather's gradient is a
+    scatter-add, which on an H200 in bfloat16 serializes on the few rows that all B x S tokens add into (the 2-row
+    token-type table took 33 of BERT-base's 122 ms step; benchmarks/RESULTS.md, "Device check"), and which sums
+    them in bfloat16. The matmul's gradient sums in float32 at a fraction of a percent of the step's FLOPs. The word
+    table keeps the gather: its rows get few updates each, and a one-hot over 30k rows would cost more than a layer.
+    """
+    embedding = constrain(table.embedding, (rows, "activation_embed")).astype(table.dtype)
+    if embedding.shape[0] <= ONE_HOT_ROWS:
+        one_hot = jax.nn.one_hot(ids, embedding.shape[0], dtype=embedding.dtype)
+        return jnp.dot(one_hot, embedding, precision=jax.lax.Precision.HIGHEST)  # exact rows, also in float32
+    return jnp.take(embedding, ids, axis=0)
 
 
 class Embeddings(nn.Module):
