@@ -3,12 +3,15 @@
     python benchmarks/tpu_compile.py [--rows=bert-large-512@v5p-8,...] [--out=benchmarks/tpu_compile.jsonl]
     python benchmarks/tpu_compile.py --rows=bert-large-512@v5p-8:72   # that batch per chip only, no search
                                        # (the table then gives the largest batch its memory predicts)
+    python benchmarks/tpu_compile.py --confirm [--rows=...]          # then compile those predicted batches
 
 Per row (a paper-size preset at a paper sequence length on a topology) it finds the largest batch per chip that
 fits in few compiles: one compile at a probe batch gives the memory as fixed + per-example (the temporaries scale with
 the batch), the batch that model predicts is compiled to confirm it (and cut by 15% once if the compiler refuses).
 Each finished row is appended to --out as a JSON line, so a rerun continues with the rows still missing (delete a
-row's line to redo it). Then it prints the markdown table of docs/tpu.md and ends with one JSON line.
+row's line to redo it). `--confirm` takes the rows compiled at a given batch as the search's probe and compiles the
+batch each one's memory predicts; the row it finds is appended, and replaces the given one. Then it prints the
+markdown table of docs/tpu.md and ends with one JSON line.
 
 Every step time, MFU and day count is the compiler's estimate (its cost model, plus the splash kernels' FLOPs at
 peak), not a measurement. Each compile takes minutes of CPU; the whole table takes hours: run it in the background.
@@ -93,18 +96,19 @@ def largest_batch(family, size, seq, topology) -> dict:
     while not row["fits"] and probe > 1:
         probe //= 2
         row = compile_row(family, size, seq, topology, probe)
-    if not row["fits"]:
-        return row
-    predicted = predicted_largest_batch(row)
-    best = row
-    for batch in (predicted, int(predicted * 0.85)):
-        if batch <= probe:
+    return confirmed_largest(family, size, seq, topology, row) if row["fits"] else row
+
+
+def confirmed_largest(family, size, seq, topology, row: dict) -> dict:
+    """From a compiled row that fits: the row of the batch its memory predicts, compiled (or of 85% of it when the
+    compiler refuses that), or `row` itself when neither is larger or fits."""
+    for batch in (predicted_largest_batch(row), int(predicted_largest_batch(row) * 0.85)):
+        if batch <= row["batch_per_chip"]:
             break
         candidate = compile_row(family, size, seq, topology, batch)
         if candidate["fits"]:
-            best = candidate
-            break
-    return best
+            return candidate
+    return row
 
 
 def markdown(rows: list[dict]) -> str:
@@ -132,6 +136,8 @@ def main():
     parser.add_argument("--rows", default="", help="comma-separated family-size-seq@topology[:batch per chip] "
                         "(default: the table, each row's batch searched)")
     parser.add_argument("--out", default="benchmarks/tpu_compile.jsonl")
+    parser.add_argument("--confirm", action="store_true", help="for the rows in --out compiled at a given batch, "
+                        "compile the batch their memory predicts (the search's second step) and append that row")
     args = parser.parse_args()
     wanted = [(f, s, q, t) for t in TOPOLOGIES for f, s, q in PRESETS]
     batches = {}
@@ -145,11 +151,18 @@ def main():
             done = {row["name"]: row for row in map(json.loads, f)}
     for family, size, seq, topology_name in wanted:
         name = row_name(family, size, seq, topology_name)
-        if name in done:
+        given = done.get(name, {}).get("batch_given") and done[name]["fits"]
+        if name in done and not (args.confirm and given):
             continue
         print(f"{name}:", flush=True)
         topology = compile_check.parse_topology(topology_name)
-        if name in batches:
+        if name in done:  # --confirm: a later line of the same name replaces the row (see `done` above)
+            row = confirmed_largest(family, size, seq, topology, done[name])
+            if row is done[name]:
+                print(f"  batch {row['batch_per_chip']:g}/chip stays: no larger one is predicted to fit, or fits",
+                      flush=True)
+                continue
+        elif name in batches:
             row = compile_row(family, size, seq, topology, batches[name])
         else:
             row = largest_batch(family, size, seq, topology)
