@@ -102,7 +102,8 @@ def largest_batch(family, size, seq, topology) -> dict:
 def confirmed_largest(family, size, seq, topology, row: dict) -> dict:
     """From a compiled row that fits: the row of the batch its memory predicts, compiled (or of 85% of it when the
     compiler refuses that), or `row` itself when neither is larger or fits."""
-    for batch in (predicted_largest_batch(row), int(predicted_largest_batch(row) * 0.85)):
+    predicted = predicted_largest_batch(row)
+    for batch in (predicted, int(predicted * 0.85)):
         if batch <= row["batch_per_chip"]:
             break
         candidate = compile_row(family, size, seq, topology, batch)
@@ -151,8 +152,8 @@ def main():
             done = {row["name"]: row for row in map(json.loads, f)}
     for family, size, seq, topology_name in wanted:
         name = row_name(family, size, seq, topology_name)
-        given = done.get(name, {}).get("batch_given") and done[name]["fits"]
-        if name in done and not (args.confirm and given):
+        to_confirm = args.confirm and name in done and done[name]["batch_given"] and done[name]["fits"]
+        if name in done and not to_confirm:
             continue
         print(f"{name}:", flush=True)
         topology = compile_check.parse_topology(topology_name)

@@ -52,10 +52,9 @@ def test_embedding_gradients_count_every_token_under_bfloat16(rows):
     table = nn.Embed(rows, 8, dtype=jnp.bfloat16, param_dtype=jnp.float32)
     ids = jnp.zeros((4, 1024), jnp.int32) if rows <= ONE_HOT_ROWS else jnp.arange(4 * 1024).reshape(4, 1024) % rows
     params = table.init(jax.random.key(0), ids)
-    rows_read = table.apply(params, ids, method=lambda module, ids: lookup(module, ids))
-    np.testing.assert_array_equal(rows_read, params["params"]["embedding"].astype(jnp.bfloat16)[ids])  # exact
-    grads = jax.grad(lambda p: table.apply(p, ids, method=lambda module, ids: lookup(module, ids)).astype(
-        jnp.float32).sum())(params)["params"]["embedding"]
+    read = lambda params: table.apply(params, ids, method=lambda module, ids: lookup(module, ids))  # noqa: E731
+    np.testing.assert_array_equal(read(params), params["params"]["embedding"].astype(jnp.bfloat16)[ids])  # exact
+    grads = jax.grad(lambda p: read(p).astype(jnp.float32).sum())(params)["params"]["embedding"]
     np.testing.assert_array_equal(grads[:, 0], np.bincount(np.asarray(ids).ravel(), minlength=rows))
 
 
