@@ -6,7 +6,10 @@ The same count holds for XLA:CPU's text and XLA:TPU's, which writes collectives 
   - a reduce-scatter fused with its all-reduce (`fusion(...), calls=%all-reduce-scatter.N`): the all-reduce inside
     that computation counts as the reduce-scatter it is;
   - collectives wrapped in `async-start(...), calls=%computation`, or inside fusions, conditionals and loops: a
-    computation runs as often as everything that calls it, a while body its known trip count times per call.
+    computation runs as often as everything that calls it, a while body its known trip count times per call;
+  - one collective carried through a chain of fusions (XLA:TPU's continuation fusions, each doing a piece of it
+    next to some compute, tagged `frontend_attributes={chain_id="N"}`): every link repeats the same instruction, and
+    the chain counts once.
 
 Bytes are counted per device and per step, as the size of the data a collective is about: an all-reduce's operand,
 an all-gather's result, a reduce-scatter's operand. On a ring an all-reduce puts about twice that on the wire (a
@@ -40,6 +43,7 @@ _COMPUTATION = re.compile(r"^(ENTRY )?%([\w.\-]+) \(")  # a computation's header
 _CALLEE = re.compile(r"\b(calls|body|condition|to_apply|true_computation|false_computation)=%([\w.\-]+)")
 _CALLEES = re.compile(r"\b(?:calls|branch_computations)=\{([^}]*)\}")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_CHAIN = re.compile(r'\bchain_id="(\d+)"')
 FUSED_REDUCE_SCATTER = "all-reduce-scatter"  # XLA:TPU's computation holding an all-reduce and the slice after it
 _ARRAY = re.compile(r"\b([a-z]+[0-9]*)\[([\d,]*)\]")
 _BYTES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
@@ -71,6 +75,7 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
     stats = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
     module = computations(hlo_text)
     runs = computation_runs(module)
+    counted_chains = set()
     for computation, (_, lines) in module.items():
         start_groups = {}
         for line in lines:
@@ -81,6 +86,11 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
             if phase == "-start":  # counted at its done, whose result is the collective's own result
                 start_groups[name] = group_size(line)
                 continue
+            chain = _CHAIN.search(line)
+            if chain:
+                if chain.group(1) in counted_chains:  # a later link of a collective already counted
+                    continue
+                counted_chains.add(chain.group(1))
             group = start_groups.get(_DONE_OF.search(line).group(1), 1) if phase == "-done" else group_size(line)
             size = array_bytes(result)
             if kind == "reduce-scatter":

@@ -143,6 +143,23 @@ dimensions={0}, to_apply=%add
 """
 
 
+def chain_link(number: int, chain: int) -> str:
+    """One of XLA:TPU's continuation fusions: a piece of the all-gather of chain `chain`, which every link of the
+    chain writes out in full (the operand and the result buffer pass from link to link)."""
+    return (f"%async_collective_fusion.{number} (param_0.{number}: bf16[2,128], param_1.{number}: bf16[8,128]) -> "
+            f"(bf16[2,128], bf16[8,128]) {{\n  %param_0.{number} = bf16[2,128]{{1,0:T(8,128)(2,1)}} parameter(0)\n"
+            f"  %all-gather.{number} = bf16[8,128]{{1,0:T(8,128)(2,1)}} all-gather(%param_0.{number}), channel_id=98, "
+            "replica_groups=mesh['axis_0'=1,'axis_1'=4] {'axis_1'}, dimensions={0}, use_global_device_ids=true, "
+            f'frontend_attributes={{chain_id="{chain}"}}\n  ROOT %tuple.{number} = (bf16[2,128]{{1,0}}, '
+            f"bf16[8,128]{{1,0}}) tuple(%param_0.{number}, %all-gather.{number})\n}}\n")
+
+
+def chained_fusions(chains: list[int]) -> str:
+    """Entry lines calling one continuation fusion per entry of `chains`, in order."""
+    return "".join(f"  %fusion.{n} = (bf16[2,128]{{1,0}}, bf16[8,128]{{1,0}}) fusion(%x, %y), kind=kCustom, "
+                   f"calls=%async_collective_fusion.{n}\n" for n in range(len(chains)))
+
+
 def module(entry: str, *computations: str) -> str:
     header = "HloModule jit_traced, is_scheduled=true, input_output_alias={ {0}: (0, {}, may-alias) }\n\n"
     return header + "\n".join([ADD, *computations]) + "\nENTRY %main.1 (p0: f32[256]) -> f32[256] {\n" + entry + "}\n"
@@ -189,6 +206,9 @@ TPU_FORMS = {
         "u32[]{:S(2)}) collective-permute-start(%q), channel_id=166, source_target_pairs={{0,3},{1,0},{2,1},{3,2}}\n"
         "  %collective-permute-done.1 = bf16[32,2]{0,1:T(2,128)(2,1)} collective-permute-done("
         "%collective-permute-start.1)\n"), "collective-permute", 1, 128),
+    "all-gathers carried through chains of fusions (2 links of one chain, 1 of another)": (module(
+        chained_fusions([14, 14, 15]), *(chain_link(n, chain) for n, chain in enumerate([14, 14, 15]))),
+        "all-gather", 2, 2 * 2048),
     "async all-gather in a loop body": (loop(
         "  %all-gather-start = (bf16[2,128]{1,0}, bf16[8,128]{1,0}) all-gather-start(%x), channel_id=3, "
         "replica_groups=[1,4]<=[4], dimensions={0}\n  %all-gather-done = bf16[8,128]{1,0} all-gather-done("
