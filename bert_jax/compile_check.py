@@ -350,7 +350,10 @@ def compiler_cost(compiled: Compiled, cost: dict) -> tuple[float, float, str]:
         one, two = (compile_program(shallow(config, layers), compiled.topology, with_eval=False).step.cost_analysis()
                     for layers in (1, 2))
         extrapolate = lambda key: one[key] + (depth - 1) * (two[key] - one[key])
-        return extrapolate("optimal_seconds"), extrapolate("flops"), f"1 and 2 unscanned layers, x{depth}"
+        seconds = min(one["optimal_seconds"], two["optimal_seconds"])  # not positive: no estimate (step_estimates)
+        if seconds > 0:
+            seconds = extrapolate("optimal_seconds")
+        return seconds, extrapolate("flops"), f"1 and 2 unscanned layers, x{depth}"
     factor = loop_factor(compiled.step.as_text())
     method = "as compiled" if factor == 1 else f"loops scaled by their share of cycles (x{factor:.2f})"
     return cost["optimal_seconds"] * factor, cost.get("flops", 0.0) * factor, method

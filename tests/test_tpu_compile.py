@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import types
 
 import jax
 import pytest
@@ -105,6 +106,22 @@ def test_a_negative_compiler_time_gives_no_estimate_rather_than_a_wrong_one():
     figures = compile_check.step_estimates(config, topology, 0.01, topology.chip.peak_flops * 0.01, 1e12)
     assert figures["est_step_s"] == pytest.approx(0.02) and figures["splash_share"] == pytest.approx(0.5)
     assert figures["est_mfu"] == pytest.approx(1e12 / (0.02 * topology.chip.peak_flops))
+
+
+@pytest.mark.parametrize("one, two, expected", [(1.0, 1.5, 6.0), (-26.97, -19.96, None)])
+def test_scanned_steps_are_timed_from_shallow_compiles_only_when_both_times_are_real(monkeypatch, one, two, expected):
+    """t(L) = t1 + (L - 1)(t2 - t1) from 1 and 2 layers; from v5e's negative times (ALBERT-xxlarge's were -27 and
+    -20 s) it would give a positive 50 s, which is no estimate either."""
+    config = small_bert()
+    config.model.update(num_hidden_layers=11, num_hidden_groups=11, scan_layers=True)
+    seconds = iter((one, two))
+    shallow_step = lambda *args, **kwargs: types.SimpleNamespace(  # noqa: E731
+        step=types.SimpleNamespace(cost_analysis=lambda: {"optimal_seconds": next(seconds), "flops": 1.0}))
+    monkeypatch.setattr(compile_check, "compile_program", shallow_step)
+    compiled = types.SimpleNamespace(config=config, topology=None)
+    step_seconds = compile_check.compiler_cost(compiled, {})[0]
+    timing = compile_check.step_estimates(config, compile_check.parse_topology("v5e-8"), step_seconds, 0.0, 1e12)
+    assert timing["est_step_s"] == (expected and pytest.approx(expected))
 
 
 def test_the_batch_is_split_over_data_and_fsdp_on_tpu(compiled):
