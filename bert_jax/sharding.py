@@ -174,6 +174,16 @@ def laid_out(fn, mesh: Mesh, sequence_parallel: bool = False):
     return traced
 
 
+def without_axis(named: NamedSharding, axis: str) -> NamedSharding:
+    """The layout of a copy gathered over mesh axis `axis`: the other axes split it as before."""
+
+    def drop(entry):
+        kept = tuple(a for a in (entry if isinstance(entry, tuple) else (entry,)) if a not in (axis, None))
+        return kept[0] if len(kept) == 1 else kept or None
+
+    return NamedSharding(named.mesh, PartitionSpec(*map(drop, named.spec)))
+
+
 def logical_partition_specs(boxed_tree):
     """PartitionSpecs of logical names for a tree of nn.LogicallyPartitioned leaves (e.g. abstract params)."""
     return nn.get_partition_spec(boxed_tree)
