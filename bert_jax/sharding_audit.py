@@ -9,7 +9,7 @@ The same count holds for XLA:CPU's text and XLA:TPU's, which writes collectives 
     computation runs as often as everything that calls it, a while body its known trip count times per call;
   - one collective carried through a chain of fusions (XLA:TPU's continuation fusions, each doing a piece of it
     next to some compute, tagged `frontend_attributes={chain_id="N"}`): every link repeats the same instruction, and
-    the chain counts once.
+    the chain counts as often as its least-run link (chain_runs).
 
 Bytes are counted per device and per step, as the size of the data a collective is about: an all-reduce's operand,
 an all-gather's result, a reduce-scatter's operand. On a ring an all-reduce puts about twice that on the wire (a
@@ -75,7 +75,7 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
     stats = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
     module = computations(hlo_text)
     runs = computation_runs(module)
-    counted_chains = set()
+    chains, counted_chains = chain_runs(module, runs), set()
     for computation, (_, lines) in module.items():
         start_groups = {}
         for line in lines:
@@ -86,20 +86,33 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
             if phase == "-start":  # counted at its done, whose result is the collective's own result
                 start_groups[name] = group_size(line)
                 continue
+            times = runs(computation)
             chain = _CHAIN.search(line)
             if chain:
                 if chain.group(1) in counted_chains:  # a later link of a collective already counted
                     continue
                 counted_chains.add(chain.group(1))
+                times = chains[chain.group(1)]
             group = start_groups.get(_DONE_OF.search(line).group(1), 1) if phase == "-done" else group_size(line)
             size = array_bytes(result)
             if kind == "reduce-scatter":
                 size *= group  # its operand: the result times the group
             elif computation.startswith(FUSED_REDUCE_SCATTER):
                 kind = "reduce-scatter"  # the all-reduce's operand is the fused reduce-scatter's operand
-            stats[kind]["count"] += runs(computation)
-            stats[kind]["bytes"] += size * runs(computation)
+            stats[kind]["count"] += times
+            stats[kind]["bytes"] += size * times
     return stats
+
+
+def chain_runs(module: dict[str, tuple[bool, list[str]]], runs) -> dict[str, int]:
+    """chain id -> how many times that chained collective runs per step: as often as its least-run link. A chain
+    begun before a loop and carried on by links in the loop's body (XLA:TPU spreads a gather over the iterations)
+    moves its data once; a chain wholly inside a body runs once per iteration."""
+    found = {}
+    for computation, (_, lines) in module.items():
+        for chain in filter(None, map(_CHAIN.search, lines)):
+            found[chain.group(1)] = min(found.get(chain.group(1), runs(computation)), runs(computation))
+    return found
 
 
 def computation_runs(module: dict[str, tuple[bool, list[str]]]):

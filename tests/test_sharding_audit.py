@@ -154,10 +154,10 @@ def chain_link(number: int, chain: int) -> str:
             f"bf16[8,128]{{1,0}}) tuple(%param_0.{number}, %all-gather.{number})\n}}\n")
 
 
-def chained_fusions(chains: list[int]) -> str:
-    """Entry lines calling one continuation fusion per entry of `chains`, in order."""
+def chained_fusions(links: range) -> str:
+    """Lines calling the continuation fusions numbered `links`, in order."""
     return "".join(f"  %fusion.{n} = (bf16[2,128]{{1,0}}, bf16[8,128]{{1,0}}) fusion(%x, %y), kind=kCustom, "
-                   f"calls=%async_collective_fusion.{n}\n" for n in range(len(chains)))
+                   f"calls=%async_collective_fusion.{n}\n" for n in links)
 
 
 def module(entry: str, *computations: str) -> str:
@@ -165,9 +165,9 @@ def module(entry: str, *computations: str) -> str:
     return header + "\n".join([ADD, *computations]) + "\nENTRY %main.1 (p0: f32[256]) -> f32[256] {\n" + entry + "}\n"
 
 
-def loop(body_lines: str, trips: int | None, *computations: str) -> str:
+def loop(body_lines: str, trips: int | None, *computations: str, before: str = "") -> str:
     """A module whose entry runs `body_lines` in a while loop: of known trip count (XLA:CPU), or, with trips None,
-    bounded by its condition alone (XLA:TPU; 24 iterations)."""
+    bounded by its condition alone (XLA:TPU; 24 iterations). The entry runs the lines `before` first."""
     body = ("%body.1 (param.1: (s32[], bf16[8,128])) -> (s32[], bf16[8,128]) {\n"
             "  %param.1 = (s32[], bf16[8,128]{1,0}) parameter(0)\n" + body_lines + "}\n")
     cond = ("%cond.1 (param.2: (s32[], bf16[8,128])) -> pred[] {\n  %constant.14 = s32[]{:T(128)} constant(24)\n"
@@ -175,7 +175,7 @@ def loop(body_lines: str, trips: int | None, *computations: str) -> str:
             "index=0\n  ROOT %lt.0 = pred[]{:T(512)} compare(%i, %constant.14), direction=LT\n}\n")
     known = f', backend_config={{"known_trip_count":{{"n":"{trips}"}}}}' if trips else ""
     entry = f"  %while.1 = (s32[], bf16[8,128]{{1,0}}) while(%tuple.1), condition=%cond.1, body=%body.1{known}\n"
-    return module(entry, *computations, body, cond)
+    return module(before + entry, *computations, body, cond)
 
 
 TPU_FORMS = {
@@ -207,8 +207,11 @@ TPU_FORMS = {
         "  %collective-permute-done.1 = bf16[32,2]{0,1:T(2,128)(2,1)} collective-permute-done("
         "%collective-permute-start.1)\n"), "collective-permute", 1, 128),
     "all-gathers carried through chains of fusions (2 links of one chain, 1 of another)": (module(
-        chained_fusions([14, 14, 15]), *(chain_link(n, chain) for n, chain in enumerate([14, 14, 15]))),
+        chained_fusions(range(3)), *(chain_link(n, chain) for n, chain in enumerate([14, 14, 15]))),
         "all-gather", 2, 2 * 2048),
+    "a chain begun before a loop and carried on in its body, and a chain wholly in the body": (loop(
+        chained_fusions(range(1, 4)), 24, *(chain_link(n, chain) for n, chain in reversed([*enumerate([7, 7, 8, 8])])),
+        before=chained_fusions(range(1))), "all-gather", 1 + 24, (1 + 24) * 2048),  # a body link read first
     "async all-gather in a loop body": (loop(
         "  %all-gather-start = (bf16[2,128]{1,0}, bf16[8,128]{1,0}) all-gather-start(%x), channel_id=3, "
         "replica_groups=[1,4]<=[4], dimensions={0}\n  %all-gather-done = bf16[8,128]{1,0} all-gather-done("
