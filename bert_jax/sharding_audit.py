@@ -75,7 +75,7 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
     stats = {kind: {"count": 0, "bytes": 0} for kind in COLLECTIVES}
     module = computations(hlo_text)
     runs = computation_runs(module)
-    chains, counted_chains = chain_runs(module, runs), set()
+    uncounted_chains = chain_runs(module, runs)
     for computation, (_, lines) in module.items():
         start_groups = {}
         for line in lines:
@@ -89,10 +89,9 @@ def collective_stats(hlo_text: str) -> dict[str, dict[str, int]]:
             times = runs(computation)
             chain = _CHAIN.search(line)
             if chain:
-                if chain.group(1) in counted_chains:  # a later link of a collective already counted
+                times = uncounted_chains.pop(chain.group(1), None)
+                if times is None:  # a later link of a collective already counted
                     continue
-                counted_chains.add(chain.group(1))
-                times = chains[chain.group(1)]
             group = start_groups.get(_DONE_OF.search(line).group(1), 1) if phase == "-done" else group_size(line)
             size = array_bytes(result)
             if kind == "reduce-scatter":
