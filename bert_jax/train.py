@@ -200,22 +200,29 @@ def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps, 
     return new_state, metrics
 
 
-def shared_layers_read_once(params: dict, model_config, param_shardings) -> dict:
-    """`params` with ALBERT's shared layer read once a step for all its applications: its matrices cast to the
-    compute dtype and gathered over fsdp before the layer loop (a no-op where every layer has its own weights).
+def shared_weights_read_once(params: dict, model_config, param_shardings) -> dict:
+    """`params` with the weights that a step uses more than once read once, in the compute dtype, for all their uses:
 
-    Read inside the loop instead, XLA:TPU gathers the layer again for every application (ALBERT-xxlarge on v5e-8
-    moved 6x FSDP's ideal), and sums its gradient over the applications in float32, which it then reduces in
-    float32 (1.7x data parallelism's ideal on v5p). Read here, that sum is in the compute dtype: under bfloat16 the
-    shared layer's gradient is 0.94% from float32's instead of 0.86% (12 applications; docs/tpu.md)."""
-    if model_config.num_hidden_groups == model_config.num_hidden_layers:
-        return params
+    - the word table, which the lookup and the MLM head's projection share (ELECTRA's generator too). Cast for each
+      use, XLA:TPU all-reduced each use's gradient on its own (data parallel on v5p: BERT-base 1.21x the ideal
+      bytes, ModernBERT-base 1.26x); cast once, each chip adds them before the one all-reduce (1.00x).
+    - ALBERT's shared layer, also gathered over fsdp before the layer loop. Read inside the loop, XLA:TPU gathers it
+      again for every application (ALBERT-xxlarge on v5e-8 moved 6x FSDP's ideal) and sums its gradient over the
+      applications in float32, which it then reduces in float32 (1.7x data parallelism's ideal on v5p).
+
+    The price: those gradients are summed in the compute dtype. Under bfloat16 the shared layer's gradient is 0.94%
+    from float32's instead of 0.86% (12 applications; docs/tpu.md); the word table's is as far as before
+    (tests/test_mixed_precision.py bounds both)."""
     dtype = jnp.dtype(model_config.dtype)
+    layers_shared = model_config.num_hidden_groups < model_config.num_hidden_layers
 
     def read(path, leaf, leaf_sharding):
-        if leaf.ndim < 2 or "encoder" not in (getattr(key, "key", None) for key in path):
-            return leaf  # vectors (biases, LayerNorms) stay float32, as the layers use them
-        return jax.lax.with_sharding_constraint(leaf.astype(dtype), sharding.without_axis(leaf_sharding, "fsdp"))
+        keys = [getattr(key, "key", None) for key in path]
+        if "word_embeddings" in keys:
+            return leaf.astype(dtype)
+        if layers_shared and leaf.ndim >= 2 and "encoder" in keys:  # vectors (biases, LayerNorms) stay float32
+            return jax.lax.with_sharding_constraint(leaf.astype(dtype), sharding.without_axis(leaf_sharding, "fsdp"))
+        return leaf
 
     return jax.tree_util.tree_map_with_path(read, params, param_shardings)
 
@@ -269,7 +276,7 @@ def build_program(config: ml_collections.ConfigDict, mesh) -> Program:
     model_loss = objectives.loss_fn(config, model)
 
     def loss_fn(params, *args, **kwargs):
-        return model_loss(shared_layers_read_once(params, config.model, state_shardings["params"]), *args, **kwargs)
+        return model_loss(shared_weights_read_once(params, config.model, state_shardings["params"]), *args, **kwargs)
 
     step = jax.jit(
         sharding.laid_out(functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
