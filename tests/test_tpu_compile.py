@@ -74,9 +74,14 @@ def small_bert(batch: int = BATCH):
     return config
 
 
+def compile_step(config, topology: str = "v5p-8"):
+    """The train step alone (no evaluation step) of `config`, compiled for `topology`."""
+    return compile_check.compile_program(config, compile_check.parse_topology(topology), with_eval=False)
+
+
 @pytest.fixture(scope="module")
 def compiled():
-    return compile_check.compile_program(small_bert(), compile_check.parse_topology("v5p-8"), with_eval=False)
+    return compile_step(small_bert())
 
 
 def test_the_step_fits_and_reads_as_the_compilers_estimate(compiled):
@@ -156,7 +161,7 @@ def test_v5e_fsdp_collectives_count_each_chained_all_gather_once():
     this step read as 3-4x its ideal."""
     config = small_bert(batch=64)
     config.mesh.data, config.mesh.fsdp = 1, 8
-    compiled = compile_check.compile_program(config, compile_check.parse_topology("v5e-8"), with_eval=False)
+    compiled = compile_step(config, "v5e-8")
     assert 'chain_id="' in compiled.step.as_text()
     stats, ideal = collectives_and_ideal(compiled)
     assert 0.7 <= audit.total_bytes(stats) / sum(ideal.values()) <= 1.3, (stats, ideal)
@@ -169,7 +174,7 @@ def test_a_shared_layer_is_gathered_and_reduced_once_a_step():
     moves what one layer of its own would."""
     config = small_bert(batch=64)
     config.model.update(num_hidden_layers=6, num_hidden_groups=1, scan_layers=True)
-    compiled = compile_check.compile_program(config, compile_check.parse_topology("v5p-8"), with_eval=False)
+    compiled = compile_step(config)
     stats, ideal = collectives_and_ideal(compiled)
     assert 0.7 <= audit.total_bytes(stats) / sum(ideal.values()) <= 1.3, (stats, ideal)
 
@@ -180,7 +185,7 @@ def test_data_parallelism_reduces_the_tied_word_tables_gradient_once():
     each chip adds them before the one all-reduce."""
     config = small_bert(batch=64)
     config.mesh.data, config.mesh.fsdp = 4, 1
-    compiled = compile_check.compile_program(config, compile_check.parse_topology("v5p-8"), with_eval=False)
+    compiled = compile_step(config)
     table = f"bf16[{padded_vocab_size(config.model)},{config.model.embedding_size}]"
     reduced = re.findall(r"= (.*) all-reduce(?:-start)?\(", compiled.step.as_text())
     assert sum(results.count(table) for results in reduced) == 1
