@@ -40,7 +40,7 @@ def test_attention_kernel_rule():
     assert kernel("auto", 0.0, deterministic=False) == "auto"
     assert kernel("reference", 0.0, deterministic=True) == "reference"
     assert kernel("cudnn", 0.0, deterministic=False) == "cudnn"
-    with pytest.raises(config_lib.ConfigError, match="attention_impl='xla': fused kernels have no attention dropout"):
+    with pytest.raises(config_lib.ConfigError, match="attention_impl='xla': this fused kernel has no attention"):
         kernel("xla", 0.1, deterministic=False)
 
 

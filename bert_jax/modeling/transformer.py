@@ -22,6 +22,7 @@ from flax import linen as nn
 
 from bert_jax import families, sharding
 from bert_jax.config_lib import ConfigError
+from bert_jax.modeling import flash_attention
 from bert_jax.sharding import constrain
 
 ACTIVATIONS = {
@@ -225,24 +226,29 @@ SPLASH_BLOCKS = (512, 256, 128)  # splash attention's tiles on TPU (the lane wid
 def attention_kernel(config: Config, deterministic: bool, seq_length: int | None = None) -> str:
     """Which attention runs: "reference" (Flax's, which materialises the [B, heads, S, S] probabilities), a fused
     jax.nn.dot_product_attention implementation ("xla", "cudnn"; "auto" lets JAX pick: cuDNN flash attention on GPU),
-    or "splash" (Pallas' block-sparse flash kernel for TPU; interpreted, slowly, elsewhere).
+    or "splash" (flash attention for TPU in Pallas; interpreted, slowly, elsewhere): Pallas' splash kernel, or with
+    attention dropout bert_jax's own flash kernel, which drops the probabilities inside the kernel
+    (bert_jax.modeling.flash_attention).
 
     "auto" is splash when the step is traced for TPU (sharding.target_platform) and S is a multiple of its 128-token
-    tiles (which the kernel needs on any platform).
-    Fused kernels have no dropout on the probabilities, so "auto" trains with the reference whenever
-    attention_probs_dropout_prob > 0 (the paper presets) and is fused only without it, and for evaluation and
-    inference. Naming a fused kernel while training with attention dropout is an error rather than a silent fallback.
+    tiles (which the kernel needs on any platform). Elsewhere the fused kernels have no dropout on the
+    probabilities, so "auto" trains with the reference whenever attention_probs_dropout_prob > 0 (the paper
+    presets) and is fused only without it, and for evaluation and inference. Naming "xla" or "cudnn" while training
+    with attention dropout is an error rather than a silent fallback.
     docs/training.md ("Attention kernels and dropout") measures what dropping attention dropout costs.
     """
     dropout = not deterministic and config.attention_probs_dropout_prob > 0.0
-    if config.attention_impl == "reference" or (dropout and config.attention_impl == "auto"):
+    if config.attention_impl == "reference":
         return "reference"
-    if dropout:
-        raise ConfigError(f"config.model.attention_impl={config.attention_impl!r}: fused kernels have no attention "
-                          "dropout; set config.model.attention_probs_dropout_prob=0.0, or attention_impl='auto'")
     tiles = seq_length is None or seq_length % SPLASH_BLOCKS[-1] == 0
     if config.attention_impl == "auto" and tiles and sharding.target_platform() == "tpu":
         return "splash"
+    if dropout and config.attention_impl == "auto":
+        return "reference"
+    if dropout and config.attention_impl != "splash":
+        raise ConfigError(f"config.model.attention_impl={config.attention_impl!r}: this fused kernel has no attention "
+                          "dropout; set config.model.attention_probs_dropout_prob=0.0, or attention_impl='auto' "
+                          "or 'splash' (TPU)")
     if config.attention_impl == "splash" and not tiles:
         raise ConfigError(f"config.model.attention_impl='splash': the sequence length {seq_length} must be a multiple "
                           f"of {SPLASH_BLOCKS[-1]}; pad the batches (config.data.seq_length) or use 'auto'")
@@ -281,7 +287,8 @@ def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=N
     """
     kernel = attention_kernel(config, deterministic=dropout_rng is None, seq_length=query.shape[1])
     if kernel == "splash":
-        return splash_attention(query, key, value, mask, half_window)
+        rate = config.attention_probs_dropout_prob if dropout_rng is not None else 0.0
+        return splash_attention(query, key, value, mask, half_window, dropout_rng, rate)
     if half_window is not None:
         mask = window_mask(mask, half_window)
     if kernel != "reference":
@@ -343,29 +350,50 @@ def splash_kernel(seq_length: int, heads: int, half_window: int | None, interpre
                                   q_seq_shards=1, interpret=interpret)
 
 
-def splash_attention(query, key, value, segment_ids, half_window: int | None):
-    """Pallas splash attention over [B, S, heads, d] with [B, S] segment ids (segment_ids_for).
+def splash_attention(query, key, value, segment_ids, half_window: int | None, dropout_rng=None, rate: float = 0.0):
+    """Flash attention over [B, S, heads, d] with [B, S] segment ids (segment_ids_for): Pallas' splash kernel, or,
+    with a dropout rng and rate > 0, bert_jax's flash kernel that drops the probabilities (flash_attention).
 
     A Pallas kernel is opaque to XLA's partitioner, so under a mesh it runs inside shard_map on each device's batch
-    rows and heads (the layout PER_HEAD pins); outside one, on the whole arrays.
+    rows and heads (the layout PER_HEAD pins); outside one, on the whole arrays. The dropout kernel is told which
+    global rows and heads a device holds, so that its mask does not depend on the mesh.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     interpret = sharding.target_platform() != "tpu"
-    scale = 1.0 / float(np.sqrt(query.shape[-1]))  # the kernel does not scale the logits itself
-
-    def attend(q, k, v, ids):
-        kernel = splash_kernel(q.shape[1], q.shape[2], half_window, interpret)
-        heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, heads, d] <-> [B, heads, S, d]
-        per_example = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids))
-        return heads_first(jax.vmap(per_example)(heads_first(q * scale), heads_first(k), heads_first(v), ids))
-
+    scale = 1.0 / float(np.sqrt(query.shape[-1]))  # the kernels do not scale the logits themselves
+    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, heads, d] <-> [B, heads, S, d]
     spec = sharding.active_spec(PER_HEAD)
+    dropout = dropout_rng is not None and rate > 0.0
+
+    def attend(q, k, v, ids, seed):
+        q, k, v = heads_first(q * scale), heads_first(k), heads_first(v)
+        if dropout:
+            rows, heads = (shard_offset(spec, axis, x) for axis, x in ((0, q.shape[0]), (2, q.shape[1])))
+            return heads_first(flash_attention.flash_attention(q, k, v, ids, seed, rate, half_window, rows, heads,
+                                                               interpret))
+        kernel = splash_kernel(q.shape[2], q.shape[1], half_window, interpret)
+        per_example = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids))
+        return heads_first(jax.vmap(per_example)(q, k, v, ids))
+
+    seed = flash_attention.seed_from(dropout_rng) if dropout else jnp.zeros((), jnp.uint32)
     if spec is None:
-        return attend(query, key, value, segment_ids)
+        return attend(query, key, value, segment_ids, seed)
     ids_spec = jax.sharding.PartitionSpec(spec[0], None)
-    return jax.shard_map(attend, mesh=jax.sharding.get_abstract_mesh(), in_specs=(spec, spec, spec, ids_spec),
-                         out_specs=spec, check_vma=False)(query, key, value, segment_ids)
+    return jax.shard_map(attend, mesh=jax.sharding.get_abstract_mesh(),
+                         in_specs=(spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()),
+                         out_specs=spec, check_vma=False)(query, key, value, segment_ids, seed)
+
+
+def shard_offset(spec, axis: int, local_size: int):
+    """Inside shard_map: the global index of this device's first element along `axis` of an array laid out by
+    `spec` (0 outside a mesh, spec None): its position among the mesh axes that split that axis, major first."""
+    axes = () if spec is None or spec[axis] is None else spec[axis]
+    axes = (axes,) if isinstance(axes, str) else axes
+    position = 0
+    for name in axes:
+        position = position * jax.lax.axis_size(name) + jax.lax.axis_index(name)
+    return position * local_size
 
 
 class ProjectionWeights(nn.Module):
