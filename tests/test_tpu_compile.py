@@ -212,3 +212,16 @@ def test_a_step_that_cannot_fit_is_one_line_and_exit_code_1():
     error = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(error) == 1 and "does not fit" in error[0] and "config.data.batch_size" in error[0], result.stderr
     assert "remat_policy" in error[0] and "Traceback" not in result.stderr
+
+
+def test_attention_dropout_runs_in_bert_jaxs_kernel_in_the_tpu_step():
+    """With the papers' attention dropout, "auto" on TPU runs bert_jax's flash kernel with dropout (Mosaic lowers
+    its uint32 hash) instead of the reference attention: no [.., S, S] array, and its FLOPs join the estimate."""
+    config = small_bert()
+    config.model.attention_probs_dropout_prob = 0.1
+    compiled = compile_step(config)
+    hlo = compiled.step.as_text()
+    assert "flash_dropout_fwd" in hlo and "flash_dropout_bwd" in hlo and "splash_mha" not in hlo
+    assert not [s for s in audit.activation_shapes(hlo, rank=4) if s[-2:] == (SEQ, SEQ)]
+    row = compile_check.report(compiled)
+    assert row["attention"] == "splash" and row["splash_flops"] > 0 and row["est_step_s"] > row["compiler_step_s"]
