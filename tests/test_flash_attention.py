@@ -46,17 +46,18 @@ def inputs(seq: int, packed: bool, heads: int = 2, width: int = 16):
     return q, k, v, jnp.asarray(ids, jnp.int32)
 
 
-CASES = {  # name: (sequence length, packed, half window, square tile)
-    "padding, one tile": (128, False, None, 128),
-    "packed, one 256-key tile (two decisions a hash)": (256, True, None, 256),
-    "local window over three tiles, packed": (384, True, 40, 128),
-    "global over 2 x 2 tiles of 256": (512, False, None, 256),
+CASES = {  # name: (sequence length, packed, half window, square tile, heads a grid step)
+    "padding, one tile, both heads in one step": (128, False, None, 128, 2),
+    "packed, one 256-key tile (two decisions a hash)": (256, True, None, 256, 1),
+    "local window over three tiles, packed": (384, True, 40, 128, 1),
+    "global over 2 x 2 tiles of 256": (512, False, None, 256, 1),
 }
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_kernel_matches_the_hashed_reference_forward_and_backward(name):
-    seq, packed, half_window, block = CASES[name]
+    seq, packed, half_window, block, group = CASES[name]
+    tiling = fa.Tiling(seq, block, block, half_window, group)
     q, k, v, ids = inputs(seq, packed)
     weights = jax.random.normal(jax.random.key(1), q.shape)
 
@@ -65,7 +66,7 @@ def test_kernel_matches_the_hashed_reference_forward_and_backward(name):
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
     (_, ours), our_grads = outputs_and_grads(
-        lambda q, k, v: fa.flash_attention(q, k, v, ids, 7, RATE, half_window, interpret=True, block=block))
+        lambda q, k, v: fa.flash_attention(q, k, v, ids, 7, RATE, half_window, interpret=True, tiling=tiling))
     (_, ref), ref_grads = outputs_and_grads(lambda q, k, v: hashed_reference(q, k, v, ids, 7, RATE, half_window))
     np.testing.assert_allclose(ours, ref, atol=1e-5)
     for ours_grad, ref_grad in zip(our_grads, ref_grads):

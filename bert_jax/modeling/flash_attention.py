@@ -105,13 +105,15 @@ def seed_from(dropout_rng) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class Tiling:
-    """Tiles of one (row, head): block_q queries by block_k keys. Under a window of half_window only the tiles it
-    reaches run: tile `i` of one side meets tiles first(i) .. last(i) of the other, at most `band` of them."""
+    """Tiles of one (row, head): block_q queries by block_k keys, for `heads` heads a grid step (a step has a fixed
+    cost: short sequences want several heads a step). Under a window of half_window only the tiles it reaches run:
+    tile `i` of one side meets tiles first(i) .. last(i) of the other, at most `band` of them."""
 
     seq: int
     block_q: int
     block_k: int
     half_window: int | None
+    heads: int = 1
 
     def reach(self, tile, size: int, other: int):
         """(first, last) tile of size `other` that the window of tile `tile` (of size `size`) reaches."""
@@ -139,12 +141,20 @@ class Tiling:
         return jnp.minimum(first + step, last), first + step <= last
 
 
-def pick_tiling(seq: int, half_window: int | None) -> Tiling:
+def pick_tiling(seq: int, heads: int, width: int, half_window: int | None) -> Tiling:
     """Square tiles: 512 (or the largest of 256 and 128 that divides S) for global attention, 128 under a window,
-    where smaller tiles compute fewer pairs outside it (the sizes splash attention uses here too)."""
+    where smaller tiles compute fewer pairs outside it (the sizes splash attention uses here too). Then as many
+    heads a step (a divisor of `heads`) as keep a step's tiles within 512 x 512 entries and the backward's
+    float32 dq accumulator ([heads a step, S, width]) within 4 MiB of VMEM.
+
+    Chosen by the compiler's schedule of the kernels for v5p (bundles x grid steps, BERT-large's 16 heads at 512
+    tokens, BERT-base's 12 at 128): at 512 tokens one 512 x 512 tile a step beats 512 x 256 by 1.3x and two heads a
+    step by 1.03x; at 128 tokens 12 heads a step beat one by 2.0x."""
     fitting = [b for b in (512, 256, 128) if seq % b == 0]
     block = fitting[0] if half_window is None else fitting[-1]
-    return Tiling(seq, block, block, half_window)
+    group = max(g for g in range(1, heads + 1) if heads % g == 0 and g * block * block <= 512 * 512
+                and g * seq * width * 4 <= 4 * 2 ** 20)
+    return Tiling(seq, block, block, half_window, group)
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -188,8 +198,9 @@ def _keep(head_key, q_start, k_start, shape, queries_first: bool, threshold: int
     return bits.astype(jnp.int32) >= threshold
 
 
-def _head_key(keys_ref, b, h):
-    return keys_ref[b * pl.num_programs(1) + h].astype(jnp.uint32)
+def _head_key(keys_ref, b, h, group: int, g: int):
+    """The key of head g of the step's group of `group` heads (h-th group of row b)."""
+    return keys_ref[(b * pl.num_programs(1) + h) * group + g].astype(jnp.uint32)
 
 
 def _allowed(tiling: Tiling, q_ids, k_ids, q_start, k_start, queries_first: bool):
@@ -218,24 +229,28 @@ def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, 
 
     @pl.when(exists)
     def _tile():
-        s = lax.dot_general(q_ref[...], k_ref[...], NT, preferred_element_type=jnp.float32)  # [bq, bk]
-        s = jnp.where(_allowed(tiling, q_ids_ref[...], k_ids_ref[...], i * bq, kv_tile * bk, True), s, MASKED)
-        m_prev = m_ref[...]
-        m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))  # [bq, LANES]
-        p = jnp.exp(s - jnp.tile(m_next, (1, bk // LANES)))
-        alpha = jnp.exp(m_prev - m_next)
-        l_ref[...] = alpha * l_ref[...] + p.sum(axis=-1, keepdims=True)
-        m_ref[...] = m_next
-        if threshold:
-            p = jnp.where(_keep(_head_key(keys_ref, b, h), i * bq, kv_tile * bk, (bq, bk), True, threshold), p, 0.0)
-        pv = jnp.dot(p.astype(v_ref.dtype), v_ref[...], preferred_element_type=jnp.float32)
-        acc_ref[...] = alpha[:, :1] * acc_ref[...] + pv
+        allowed = _allowed(tiling, q_ids_ref[...], k_ids_ref[...], i * bq, kv_tile * bk, True)
+        for g in range(tiling.heads):
+            s = lax.dot_general(q_ref[g], k_ref[g], NT, preferred_element_type=jnp.float32)  # [bq, bk]
+            s = jnp.where(allowed, s, MASKED)
+            m_prev = m_ref[g]
+            m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))  # [bq, LANES]
+            p = jnp.exp(s - jnp.tile(m_next, (1, bk // LANES)))
+            alpha = jnp.exp(m_prev - m_next)
+            l_ref[g] = alpha * l_ref[g] + p.sum(axis=-1, keepdims=True)
+            m_ref[g] = m_next
+            if threshold:
+                head_key = _head_key(keys_ref, b, h, tiling.heads, g)
+                p = jnp.where(_keep(head_key, i * bq, kv_tile * bk, (bq, bk), True, threshold), p, 0.0)
+            pv = jnp.dot(p.astype(v_ref.dtype), v_ref[g], preferred_element_type=jnp.float32)
+            acc_ref[g] = alpha[:, :1] * acc_ref[g] + pv
 
     @pl.when(j == pl.num_programs(3) - 1)
     def _end():
-        total = l_ref[...]
-        o_ref[...] = (acc_ref[...] * (scale / total[:, :1])).astype(o_ref.dtype)
-        lse_ref[...] = (m_ref[...] + jnp.log(total)).T[:1]
+        for g in range(tiling.heads):
+            total = l_ref[g]
+            o_ref[g] = (acc_ref[g] * (scale / total[:, :1])).astype(o_ref.dtype)
+            lse_ref[g] = (m_ref[g] + jnp.log(total)).T[:1]
 
 
 def _backward_kernel(keys_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref,
@@ -257,20 +272,22 @@ def _backward_kernel(keys_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_i
 
     @pl.when(exists)
     def _tile():
-        q, k, v, do = q_ref[...], k_ref[...], v_ref[...], do_ref[...]
-        s = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32)  # [bk, bq]: transposed logits
-        s = jnp.where(_allowed(tiling, q_ids_ref[...], k_ids_ref[...], q_tile * bq, t * bk, False), s, MASKED)
-        p = jnp.exp(s - lse_ref[...])
-        dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32) * scale
-        kept = p
-        if threshold:
-            keep = _keep(_head_key(keys_ref, b, h), q_tile * bq, t * bk, (bk, bq), False, threshold)
-            kept, dp = jnp.where(keep, p, 0.0), jnp.where(keep, dp, 0.0)
-        dv_acc_ref[...] += jnp.dot(kept.astype(do.dtype), do, preferred_element_type=jnp.float32)
-        ds = (p * (dp - di_ref[...])).astype(q.dtype)
-        dk_acc_ref[...] += jnp.dot(ds, q, preferred_element_type=jnp.float32)
+        allowed = _allowed(tiling, q_ids_ref[...], k_ids_ref[...], q_tile * bq, t * bk, False)
         rows = pl.ds(pl.multiple_of(q_tile * bq, bq), bq)
-        dq_acc_ref[rows, :] += lax.dot_general(ds, k, TN, preferred_element_type=jnp.float32)
+        for g in range(tiling.heads):
+            q, k, v, do = q_ref[g], k_ref[g], v_ref[g], do_ref[g]
+            s = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32)  # [bk, bq]: transposed logits
+            p = jnp.exp(jnp.where(allowed, s, MASKED) - lse_ref[g])
+            dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32) * scale
+            kept = p
+            if threshold:
+                head_key = _head_key(keys_ref, b, h, tiling.heads, g)
+                keep = _keep(head_key, q_tile * bq, t * bk, (bk, bq), False, threshold)
+                kept, dp = jnp.where(keep, p, 0.0), jnp.where(keep, dp, 0.0)
+            dv_acc_ref[g] += jnp.dot(kept.astype(do.dtype), do, preferred_element_type=jnp.float32)
+            ds = (p * (dp - di_ref[g])).astype(q.dtype)
+            dk_acc_ref[g] += jnp.dot(ds, q, preferred_element_type=jnp.float32)
+            dq_acc_ref[g, rows, :] += lax.dot_general(ds, k, TN, preferred_element_type=jnp.float32)
 
     @pl.when(last)
     def _end_dkv():
@@ -300,29 +317,29 @@ def _segment_layouts(segment_ids):
 
 def _forward(q, k, v, segment_ids, keys, tiling: Tiling, rate: float, interpret: bool):
     rows, heads, seq, width = q.shape
-    bq, bk = tiling.block_q, tiling.block_k
+    bq, bk, group = tiling.block_q, tiling.block_k, tiling.heads
     q_ids, k_ids = _segment_layouts(segment_ids)
     kv_block = lambda b, h, i, j, keys: (b, h, tiling.partner(i, j, bq, bk)[0], 0)
     kernel = functools.partial(_forward_kernel, tiling=tiling, threshold=drop_threshold(rate), scale=keep_scale(rate))
     call = _call(
-        kernel, "flash_dropout_fwd", grid=(rows, heads, seq // bq, tiling.band(bq, bk)),
-        in_specs=[pl.BlockSpec((None, None, bq, width), lambda b, h, i, j, keys: (b, h, i, 0)),
-                  pl.BlockSpec((None, None, bk, width), kv_block),
-                  pl.BlockSpec((None, None, bk, width), kv_block),
+        kernel, "flash_dropout_fwd", grid=(rows, heads // group, seq // bq, tiling.band(bq, bk)),
+        in_specs=[pl.BlockSpec((None, group, bq, width), lambda b, h, i, j, keys: (b, h, i, 0)),
+                  pl.BlockSpec((None, group, bk, width), kv_block),
+                  pl.BlockSpec((None, group, bk, width), kv_block),
                   pl.BlockSpec((None, bq, LANES), lambda b, h, i, j, keys: (b, i, 0)),
                   pl.BlockSpec((None, SUBLANES, bk), lambda b, h, i, j, keys: (b, 0, kv_block(b, h, i, j, keys)[2]))],
-        out_specs=[pl.BlockSpec((None, None, bq, width), lambda b, h, i, j, keys: (b, h, i, 0)),
-                   pl.BlockSpec((None, None, 1, bq), lambda b, h, i, j, keys: (b, h, 0, i))],
+        out_specs=[pl.BlockSpec((None, group, bq, width), lambda b, h, i, j, keys: (b, h, i, 0)),
+                   pl.BlockSpec((None, group, 1, bq), lambda b, h, i, j, keys: (b, h, 0, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((rows, heads, 1, seq), jnp.float32)],
-        scratch=[pltpu.VMEM((bq, LANES), jnp.float32), pltpu.VMEM((bq, LANES), jnp.float32),
-                 pltpu.VMEM((bq, width), jnp.float32)],
+        scratch=[pltpu.VMEM((group, bq, LANES), jnp.float32), pltpu.VMEM((group, bq, LANES), jnp.float32),
+                 pltpu.VMEM((group, bq, width), jnp.float32)],
         interpret=interpret)
     return call(keys, q, k, v, q_ids, k_ids)
 
 
 def _backward(q, k, v, segment_ids, keys, lse, di, do, tiling: Tiling, rate: float, interpret: bool):
     rows, heads, seq, width = q.shape
-    bq, bk = tiling.block_q, tiling.block_k
+    bq, bk, group = tiling.block_q, tiling.block_k, tiling.heads
     k_ids, q_ids = _segment_layouts(segment_ids)
     q_tile = lambda t, j: tiling.partner(t, j, bk, bq)[0]
     q_block = lambda b, h, t, j, keys: (b, h, q_tile(t, j), 0)
@@ -331,21 +348,21 @@ def _backward(q, k, v, segment_ids, keys, lse, di, do, tiling: Tiling, rate: flo
     kernel = functools.partial(_backward_kernel, tiling=tiling, threshold=drop_threshold(rate),
                                scale=keep_scale(rate))
     call = _call(
-        kernel, "flash_dropout_bwd", grid=(rows, heads, seq // bk, tiling.band(bk, bq)),
-        in_specs=[pl.BlockSpec((None, None, bq, width), q_block),
-                  pl.BlockSpec((None, None, bk, width), kv_block),
-                  pl.BlockSpec((None, None, bk, width), kv_block),
-                  pl.BlockSpec((None, None, bq, width), q_block),
-                  pl.BlockSpec((None, None, 1, bq), stat_block),
-                  pl.BlockSpec((None, None, 1, bq), stat_block),
+        kernel, "flash_dropout_bwd", grid=(rows, heads // group, seq // bk, tiling.band(bk, bq)),
+        in_specs=[pl.BlockSpec((None, group, bq, width), q_block),
+                  pl.BlockSpec((None, group, bk, width), kv_block),
+                  pl.BlockSpec((None, group, bk, width), kv_block),
+                  pl.BlockSpec((None, group, bq, width), q_block),
+                  pl.BlockSpec((None, group, 1, bq), stat_block),
+                  pl.BlockSpec((None, group, 1, bq), stat_block),
                   pl.BlockSpec((None, SUBLANES, bq), lambda b, h, t, j, keys: (b, 0, q_tile(t, j))),
                   pl.BlockSpec((None, bk, LANES), lambda b, h, t, j, keys: (b, t, 0))],
-        out_specs=[pl.BlockSpec((None, None, seq, width), lambda b, h, t, j, keys: (b, h, 0, 0)),
-                   pl.BlockSpec((None, None, bk, width), kv_block),
-                   pl.BlockSpec((None, None, bk, width), kv_block)],
+        out_specs=[pl.BlockSpec((None, group, seq, width), lambda b, h, t, j, keys: (b, h, 0, 0)),
+                   pl.BlockSpec((None, group, bk, width), kv_block),
+                   pl.BlockSpec((None, group, bk, width), kv_block)],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
-        scratch=[pltpu.VMEM((seq, width), jnp.float32), pltpu.VMEM((bk, width), jnp.float32),
-                 pltpu.VMEM((bk, width), jnp.float32)],
+        scratch=[pltpu.VMEM((group, seq, width), jnp.float32), pltpu.VMEM((group, bk, width), jnp.float32),
+                 pltpu.VMEM((group, bk, width), jnp.float32)],
         interpret=interpret)
     return call(keys, q, k, v, do, lse, di, q_ids, k_ids)
 
@@ -371,15 +388,15 @@ _attention.defvjp(_attention_forward, _attention_backward)
 
 
 def flash_attention(q, k, v, segment_ids, seed, rate: float, half_window: int | None = None, row_offset=0,
-                    head_offset=0, interpret: bool = False, block: int | None = None):
+                    head_offset=0, interpret: bool = False, tiling: Tiling | None = None):
     """softmax(q k^T) v over [B, heads, S, d] (q already scaled), a query seeing the keys of its own segment id
     ([B, S] int32) within half_window positions, its probabilities dropped at `rate` by the mask of `keep_bits`
     for `seed` (seed_from). row_offset and head_offset: the global index of this shard's first row and head.
-    `block`: square tiles of that size instead of pick_tiling's."""
-    rows, heads, seq, _ = q.shape
+    `tiling`: another than pick_tiling's (its half_window must be half_window)."""
+    rows, heads, seq, width = q.shape
     row_index = jnp.arange(rows, dtype=jnp.uint32) + jnp.asarray(row_offset, jnp.uint32)
     head_index = jnp.arange(heads, dtype=jnp.uint32) + jnp.asarray(head_offset, jnp.uint32)
     keys = head_keys(jnp.asarray(seed, jnp.uint32), row_index[:, None], head_index[None, :])
     keys = lax.bitcast_convert_type(keys, jnp.int32).reshape(-1)  # scalar prefetch takes int32, flat fits SMEM
-    tiling = pick_tiling(seq, half_window) if block is None else Tiling(seq, block, block, half_window)
+    tiling = pick_tiling(seq, heads, width, half_window) if tiling is None else tiling
     return _attention(q, k, v, segment_ids.astype(jnp.int32), keys, tiling, rate, interpret)
