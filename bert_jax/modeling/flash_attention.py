@@ -215,17 +215,27 @@ def _allowed(tiling: Tiling, q_ids, k_ids, q_start, k_start, queries_first: bool
     return allowed
 
 
-def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, m_ref, l_ref, acc_ref,
-                    *, tiling: Tiling, threshold: int, scale: float):
+def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, lse_ref, *scratch,
+                    tiling: Tiling, threshold: int, scale: float):
+    """One (row, group of heads, q tile, j-th kv tile it meets) step: online softmax over the kv tiles in the
+    scratch (running max, sum and output), or, where a q tile meets one kv tile (S <= 512), straight to the outputs."""
     b, h, i, j = (pl.program_id(axis) for axis in range(4))
     bq, bk = tiling.block_q, tiling.block_k
     kv_tile, exists = tiling.partner(i, j, bq, bk)
+    single = not scratch
 
-    @pl.when(j == 0)
-    def _init():
-        m_ref[...] = jnp.full_like(m_ref, MASKED)
-        l_ref[...] = jnp.zeros_like(l_ref)
-        acc_ref[...] = jnp.zeros_like(acc_ref)
+    def finish(g, m, total, acc):
+        o_ref[g] = (acc * (scale / total[:, :1])).astype(o_ref.dtype)
+        lse_ref[g] = jnp.broadcast_to(m + jnp.log(total), (bq, LANES)).T[:1]
+
+    if not single:
+        m_ref, l_ref, acc_ref = scratch
+
+        @pl.when(j == 0)
+        def _init():
+            m_ref[...] = jnp.full_like(m_ref, MASKED)
+            l_ref[...] = jnp.zeros_like(l_ref)
+            acc_ref[...] = jnp.zeros_like(acc_ref)
 
     @pl.when(exists)
     def _tile():
@@ -233,42 +243,51 @@ def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, 
         for g in range(tiling.heads):
             s = lax.dot_general(q_ref[g], k_ref[g], NT, preferred_element_type=jnp.float32)  # [bq, bk]
             s = jnp.where(allowed, s, MASKED)
-            m_prev = m_ref[g]
-            m_next = jnp.maximum(m_prev, s.max(axis=-1, keepdims=True))  # [bq, LANES]
-            p = jnp.exp(s - jnp.tile(m_next, (1, bk // LANES)))
-            alpha = jnp.exp(m_prev - m_next)
-            l_ref[g] = alpha * l_ref[g] + p.sum(axis=-1, keepdims=True)
-            m_ref[g] = m_next
+            m_tile = s.max(axis=-1, keepdims=True)
+            m_next = m_tile if single else jnp.maximum(m_ref[g], m_tile)  # [bq, 1] or [bq, LANES]
+            p = jnp.exp(s - (m_next if single else jnp.tile(m_next, (1, bk // LANES))))
+            total = p.sum(axis=-1, keepdims=True)
             if threshold:
                 head_key = _head_key(keys_ref, b, h, tiling.heads, g)
                 p = jnp.where(_keep(head_key, i * bq, kv_tile * bk, (bq, bk), True, threshold), p, 0.0)
             pv = jnp.dot(p.astype(v_ref.dtype), v_ref[g], preferred_element_type=jnp.float32)
+            if single:
+                finish(g, m_next, total, pv)
+                continue
+            alpha = jnp.exp(m_ref[g] - m_next)
+            l_ref[g] = alpha * l_ref[g] + total
+            m_ref[g] = m_next
             acc_ref[g] = alpha[:, :1] * acc_ref[g] + pv
 
-    @pl.when(j == pl.num_programs(3) - 1)
-    def _end():
-        for g in range(tiling.heads):
-            total = l_ref[g]
-            o_ref[g] = (acc_ref[g] * (scale / total[:, :1])).astype(o_ref.dtype)
-            lse_ref[g] = (m_ref[g] + jnp.log(total)).T[:1]
+    if not single:
+        @pl.when(j == pl.num_programs(3) - 1)
+        def _end():
+            for g in range(tiling.heads):
+                finish(g, m_ref[g], l_ref[g], acc_ref[g])
 
 
 def _backward_kernel(keys_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref,
-                     dq_ref, dk_ref, dv_ref, dq_acc_ref, dk_acc_ref, dv_acc_ref,
-                     *, tiling: Tiling, threshold: int, scale: float):
+                     dq_ref, dk_ref, dv_ref, *scratch, tiling: Tiling, threshold: int, scale: float):
+    """One (row, group of heads, kv tile, j-th q tile it meets) step on transposed [bk, bq] tiles: dk and dv summed
+    over the q tiles in the scratch, dq over the kv tiles in a [heads, S, d] scratch that stays for the row and
+    group; where a kv tile meets one q tile (S <= 512), straight to the outputs. The keep scale multiplies the
+    gradients once at the end rather than every entry: ds = scale x p (kept dp - di / scale)."""
     b, h, t, j = (pl.program_id(axis) for axis in range(4))
     bq, bk = tiling.block_q, tiling.block_k
     q_tile, exists = tiling.partner(t, j, bk, bq)
     last = j == pl.num_programs(3) - 1
+    single = not scratch
+    if not single:
+        dq_acc_ref, dk_acc_ref, dv_acc_ref = scratch
 
-    @pl.when(jnp.logical_and(t == 0, j == 0))
-    def _init_dq():
-        dq_acc_ref[...] = jnp.zeros_like(dq_acc_ref)
+        @pl.when(jnp.logical_and(t == 0, j == 0))
+        def _init_dq():
+            dq_acc_ref[...] = jnp.zeros_like(dq_acc_ref)
 
-    @pl.when(j == 0)
-    def _init_dkv():
-        dk_acc_ref[...] = jnp.zeros_like(dk_acc_ref)
-        dv_acc_ref[...] = jnp.zeros_like(dv_acc_ref)
+        @pl.when(j == 0)
+        def _init_dkv():
+            dk_acc_ref[...] = jnp.zeros_like(dk_acc_ref)
+            dv_acc_ref[...] = jnp.zeros_like(dv_acc_ref)
 
     @pl.when(exists)
     def _tile():
@@ -278,25 +297,34 @@ def _backward_kernel(keys_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_i
             q, k, v, do = q_ref[g], k_ref[g], v_ref[g], do_ref[g]
             s = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32)  # [bk, bq]: transposed logits
             p = jnp.exp(jnp.where(allowed, s, MASKED) - lse_ref[g])
-            dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32) * scale
+            dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)
             kept = p
             if threshold:
                 head_key = _head_key(keys_ref, b, h, tiling.heads, g)
                 keep = _keep(head_key, q_tile * bq, t * bk, (bk, bq), False, threshold)
                 kept, dp = jnp.where(keep, p, 0.0), jnp.where(keep, dp, 0.0)
-            dv_acc_ref[g] += jnp.dot(kept.astype(do.dtype), do, preferred_element_type=jnp.float32)
-            ds = (p * (dp - di_ref[g])).astype(q.dtype)
-            dk_acc_ref[g] += jnp.dot(ds, q, preferred_element_type=jnp.float32)
-            dq_acc_ref[g, rows, :] += lax.dot_general(ds, k, TN, preferred_element_type=jnp.float32)
+            dv = jnp.dot(kept.astype(do.dtype), do, preferred_element_type=jnp.float32)
+            ds = (p * (dp - di_ref[g] * (1 / scale))).astype(q.dtype)
+            dk = jnp.dot(ds, q, preferred_element_type=jnp.float32)
+            dq = lax.dot_general(ds, k, TN, preferred_element_type=jnp.float32)
+            if single:
+                dq_ref[g] = (dq * scale).astype(dq_ref.dtype)
+                dk_ref[g] = (dk * scale).astype(dk_ref.dtype)
+                dv_ref[g] = (dv * scale).astype(dv_ref.dtype)
+            else:
+                dv_acc_ref[g] += dv
+                dk_acc_ref[g] += dk
+                dq_acc_ref[g, rows, :] += dq
 
-    @pl.when(last)
-    def _end_dkv():
-        dk_ref[...] = dk_acc_ref[...].astype(dk_ref.dtype)
-        dv_ref[...] = (dv_acc_ref[...] * scale).astype(dv_ref.dtype)
+    if not single:
+        @pl.when(last)
+        def _end_dkv():
+            dk_ref[...] = (dk_acc_ref[...] * scale).astype(dk_ref.dtype)
+            dv_ref[...] = (dv_acc_ref[...] * scale).astype(dv_ref.dtype)
 
-    @pl.when(jnp.logical_and(t == pl.num_programs(2) - 1, last))
-    def _end_dq():
-        dq_ref[...] = dq_acc_ref[...].astype(dq_ref.dtype)
+        @pl.when(jnp.logical_and(t == pl.num_programs(2) - 1, last))
+        def _end_dq():
+            dq_ref[...] = (dq_acc_ref[...] * scale).astype(dq_ref.dtype)
 
 
 def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, scratch, interpret: bool):
@@ -331,8 +359,9 @@ def _forward(q, k, v, segment_ids, keys, tiling: Tiling, rate: float, interpret:
         out_specs=[pl.BlockSpec((None, group, bq, width), lambda b, h, i, j, keys: (b, h, i, 0)),
                    pl.BlockSpec((None, group, 1, bq), lambda b, h, i, j, keys: (b, h, 0, i))],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((rows, heads, 1, seq), jnp.float32)],
-        scratch=[pltpu.VMEM((group, bq, LANES), jnp.float32), pltpu.VMEM((group, bq, LANES), jnp.float32),
-                 pltpu.VMEM((group, bq, width), jnp.float32)],
+        scratch=[] if tiling.band(bq, bk) == 1 else [pltpu.VMEM((group, bq, LANES), jnp.float32),
+                                                     pltpu.VMEM((group, bq, LANES), jnp.float32),
+                                                     pltpu.VMEM((group, bq, width), jnp.float32)],
         interpret=interpret)
     return call(keys, q, k, v, q_ids, k_ids)
 
@@ -361,8 +390,9 @@ def _backward(q, k, v, segment_ids, keys, lse, di, do, tiling: Tiling, rate: flo
                    pl.BlockSpec((None, group, bk, width), kv_block),
                    pl.BlockSpec((None, group, bk, width), kv_block)],
         out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
-        scratch=[pltpu.VMEM((group, seq, width), jnp.float32), pltpu.VMEM((group, bk, width), jnp.float32),
-                 pltpu.VMEM((group, bk, width), jnp.float32)],
+        scratch=[] if tiling.pairs() == 1 else [pltpu.VMEM((group, seq, width), jnp.float32),
+                                                pltpu.VMEM((group, bk, width), jnp.float32),
+                                                pltpu.VMEM((group, bk, width), jnp.float32)],
         interpret=interpret)
     return call(keys, q, k, v, do, lse, di, q_ids, k_ids)
 
