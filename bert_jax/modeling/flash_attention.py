@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 
 import jax
 import jax.numpy as jnp
@@ -122,8 +123,9 @@ class Tiling:
             return 0, count - 1
         traced = isinstance(tile, jax.Array)  # a grid index in the kernel, an int in band() and pairs()
         maximum, minimum = (jnp.maximum, jnp.minimum) if traced else (max, min)
-        first = maximum(tile * size - self.half_window, 0) // other
-        return first, minimum(((tile + 1) * size - 1 + self.half_window) // other, count - 1)
+        divide = lax.div if traced else operator.floordiv  # of non-negative numbers (Mosaic has no floor division)
+        first = divide(maximum(tile * size - self.half_window, 0), other)
+        return first, minimum(divide((tile + 1) * size - 1 + self.half_window, other), count - 1)
 
     def band(self, size: int, other: int) -> int:
         """The most tiles of size `other` that one tile of size `size` meets."""
@@ -145,7 +147,7 @@ def pick_tiling(seq: int, heads: int, width: int, half_window: int | None) -> Ti
     """Square tiles: 512 (or the largest of 256 and 128 that divides S) for global attention, 128 under a window,
     where smaller tiles compute fewer pairs outside it (the sizes splash attention uses here too). Then as many
     heads a step (a divisor of `heads`) as keep a step's tiles within 512 x 512 entries and the backward's
-    float32 dq accumulator ([heads a step, S, width]) within 4 MiB of VMEM.
+    float32 dq accumulator ([heads a step, S, width], in VMEM's 128-lane rows) within 4 MiB.
 
     Chosen by the compiler's schedule of the kernels for v5p (bundles x grid steps, BERT-large's 16 heads at 512
     tokens, BERT-base's 12 at 128): at 512 tokens one 512 x 512 tile a step beats 512 x 256 by 1.3x and two heads a
@@ -153,7 +155,7 @@ def pick_tiling(seq: int, heads: int, width: int, half_window: int | None) -> Ti
     fitting = [b for b in (512, 256, 128) if seq % b == 0]
     block = fitting[0] if half_window is None else fitting[-1]
     group = max(g for g in range(1, heads + 1) if heads % g == 0 and g * block * block <= 512 * 512
-                and g * seq * width * 4 <= 4 * 2 ** 20)
+                and g * seq * max(width, LANES) * 4 <= 4 * 2 ** 20)
     return Tiling(seq, block, block, half_window, group)
 
 
