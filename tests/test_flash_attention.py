@@ -115,21 +115,30 @@ def test_masks_are_independent_across_heads_rows_queries_and_seeds():
         assert abs((shifted == original).mean() - same) < agreement_bound(shifted.size)
 
 
-def test_a_steps_seed_is_a_pure_function_of_its_rng():
-    """The seed comes from the layer's dropout rng: equal rngs (a resumed step) drop the same probabilities, the
-    next step's rng others."""
-    step_rng = lambda step: jax.random.fold_in(jax.random.key(0), step)
-    assert fa.seed_from(step_rng(3)) == fa.seed_from(step_rng(3))
-    assert fa.seed_from(step_rng(3)) != fa.seed_from(step_rng(4))
+def test_a_models_masks_are_a_pure_function_of_the_steps_rng():
+    """A tiny BERT training with attention dropout through the kernel: the same step's rng (a resumed step) gives
+    the same outputs bit for bit, the next step's others."""
+    config = config_lib.load_preset("bert", "tiny").model
+    config.update(attention_impl="splash", hidden_dropout_prob=0.0, num_hidden_layers=2, num_hidden_groups=2)
+    ids = jax.random.randint(jax.random.key(1), (2, 128), 5, 1000)
+    model = transformer.EncoderModel(config)
+    params = model.init(jax.random.key(0), ids)["params"]
+    apply = jax.jit(lambda step: model.apply({"params": params}, ids, deterministic=False,
+                                             rngs={"dropout": jax.random.fold_in(jax.random.key(2), step)}))
+    step_3, again, step_4 = (apply(step)["last_hidden_state"] for step in (3, 3, 4))
+    np.testing.assert_array_equal(step_3, again)
+    assert not np.allclose(step_3, step_4, atol=1e-3)
 
 
 def dropout_config(impl: str = "splash"):
     return config_lib.model_config("bert", attention_impl=impl, attention_probs_dropout_prob=RATE)
 
 
-def test_dot_product_attention_runs_the_kernel_for_splash_with_dropout():
+@pytest.mark.parametrize("half_window", [None, 4])
+def test_dot_product_attention_runs_the_kernel_for_splash_with_dropout(half_window):
     """[B, S, heads, d] in, the logits scaled by 1/sqrt(d), the seed drawn from the dropout rng, segment ids from
-    the attention mask: the layers' attention equals the hashed reference on the same inputs."""
+    the attention mask, ModernBERT's local window: the layers' attention equals the hashed reference on the same
+    inputs."""
     q, k, v, ids = inputs(128, packed=True)
     attention_mask = (ids >= 0).astype(jnp.int32)
     packing = jnp.where(ids >= 0, ids, 0)
@@ -137,8 +146,8 @@ def test_dot_product_attention_runs_the_kernel_for_splash_with_dropout():
     mask = transformer.layer_mask(config, attention_mask, packing, deterministic=False)
     rng = jax.random.key(5)
     to_layers = lambda x: jnp.swapaxes(x, 1, 2)  # [B, heads, S, d] -> [B, S, heads, d]
-    ours = transformer.dot_product_attention(to_layers(q), to_layers(k), to_layers(v), mask, config, rng)
-    ref = hashed_reference(q / np.sqrt(q.shape[-1]), k, v, mask, fa.seed_from(rng), RATE, None)
+    ours = transformer.dot_product_attention(to_layers(q), to_layers(k), to_layers(v), mask, config, rng, half_window)
+    ref = hashed_reference(q / np.sqrt(q.shape[-1]), k, v, mask, fa.seed_from(rng), RATE, half_window)
     real = (ids >= 0)[:, :, None, None]
     np.testing.assert_allclose(ours * real, to_layers(ref) * real, atol=1e-5)
 
