@@ -9,9 +9,10 @@ global batch row and head (not the shard's), so the mask does not depend on the 
 
 The hash is murmur3's 32-bit finaliser (`mix32`: xor, logical shift and wrapping uint32 multiply), which Mosaic
 lowers to the TPU's vector unit and Pallas' interpreter runs bit for bit the same on a CPU. Keys are mixed in two
-stages so that a tile needs one mix per element: a row key mix32(head_key ^ 2q) per query, a column key
-mix32(head_key ^ 2k + 1) per key, and mix32(row ^ column) per pair. The top 16 bits decide: kept when at least
-round(rate x 2^16), and kept probabilities are scaled by 1 / (the kept fraction that threshold gives).
+stages so that a tile needs one mix per two entries: a row key mix32(head_key ^ 2q) per query, a column key
+mix32(head_key ^ 2p + 1) per pair p of keys 128 apart (`pair_of`), and mix32(row ^ column) per query and pair,
+whose high 16 bits decide the pair's first key and low 16 bits its second. Kept when those bits are at least
+round(rate x 2^16); kept probabilities are scaled by 1 / (the kept fraction that threshold gives).
 
 The masks the kernel applies are those of splash attention in transformer.py: [B, S] segment ids (a query sees the
 keys of its own id; transformer.segment_ids_for) and optionally a symmetric local window. Only the kv tiles a
@@ -150,8 +151,8 @@ def pick_tiling(seq: int, heads: int, width: int, half_window: int | None) -> Ti
     float32 dq accumulator ([heads a step, S, width], in VMEM's 128-lane rows) within 4 MiB.
 
     Chosen by the compiler's schedule of the kernels for v5p (bundles x grid steps, BERT-large's 16 heads at 512
-    tokens, BERT-base's 12 at 128): at 512 tokens one 512 x 512 tile a step beats 512 x 256 by 1.3x and two heads a
-    step by 1.03x; at 128 tokens 12 heads a step beat one by 2.0x."""
+    tokens, BERT-base's 12 at 128): at 512 tokens one 512 x 512 tile a step beats 512 x 256 by 1.4x and two heads a
+    step by 1.04x; at 128 tokens 12 heads a step beat one by 2.0x."""
     fitting = [b for b in (512, 256, 128) if seq % b == 0]
     block = fitting[0] if half_window is None else fitting[-1]
     group = max(g for g in range(1, heads + 1) if heads % g == 0 and g * block * block <= 512 * 512
