@@ -9,7 +9,8 @@ for that device and compiled by XLA:GPU. Printed, then one JSON line:
 - the kernels one step launches, by kind and counted as often as they run (a loop body once per iteration):
   cuDNN attention, GEMMs (Triton fusions here; on a device the autotuner may pick cuBLAS for some), other fusions,
   plain copies and the memcpys of dynamic slices, in the layer loop and outside it;
-- the bytes those copies move a step;
+- the bytes each kind reads and writes a step, and that traffic over the memory bandwidth: a floor under the
+  memory-bound kernels' time (elementwise fusions, copies), not an estimate of it;
 - the compiler's memory analysis against the device's memory.
 Nothing runs and XLA:GPU gives no cost estimate: times come only from a GPU (benchmarks/device_check.py). With no
 device there is no autotuning either, so a GEMM's kernel may differ on the device; attention, fusion and copies
@@ -121,6 +122,7 @@ _BRANCHES = re.compile(r"\bbranch_computations=\{([^}]*)\}")
 _FUSED = re.compile(r"\bcalls=%([\w.\-]+)")
 _BACKEND_KIND = re.compile(r'"kind":"(__[\w$]+)"')
 _CUSTOM_TARGET = re.compile(r'custom_call_target="([^"]*)"')
+_OPERANDS = re.compile(r"%([\w.\-]+)")
 NOT_KERNELS = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "conditional", "call",
                "after-all", "partition-id", "replica-id", "opt-barrier"}
 GEMM_FUSIONS = {"__triton_gemm", "__triton_nested_gemm_fusion", "__cudnn$fusion", "__cublas"}
@@ -168,26 +170,92 @@ def kernel_kind(line: str, op: str, module: dict) -> str:
     return "fusion"
 
 
-def kernel_census(hlo_text: str) -> dict:
-    """Per step: {kind: {"count", "in_loops", "bytes"}} over the launched instructions (kernel_kind), each counted
-    as often as its computation runs; "in_loops" counts those inside while loops (the scanned layers, gradient
-    accumulation); "bytes" is the size of what copies and slice copies write."""
-    module = audit.computations(hlo_text)
+def updates_in_place(line: str, module: dict) -> bool:
+    """Whether a fusion writes a slice into its first operand's buffer (a dynamic-update-slice at its root): it
+    reads and writes the update only, not the whole array its result names."""
+    callee = _FUSED.search(line)
+    body = module.get(callee.group(1), (False, []))[1] if callee and " fusion(" in line else []
+    return any(x.lstrip().startswith("ROOT ") and " dynamic-update-slice(" in x for x in body)
+
+
+def sliced_parameters(line: str, module: dict) -> dict[int, int]:
+    """parameter number -> bytes a fusion reads of it, for the parameters it reads through dynamic slices only (a
+    layer's weights or saved activations out of the stacked ones): the slices', not the whole array's."""
+    callee = _FUSED.search(line)
+    body = module.get(callee.group(1), (False, []))[1] if callee and " fusion(" in line else []
+    numbers = {found.group(1): int(number.group(1)) for found, number in
+               ((_INSTRUCTION.match(x), re.search(r" parameter\((\d+)\)", x)) for x in body) if found and number}
+    sliced = collections.Counter()
+    for x in body:
+        found = _INSTRUCTION.match(x)
+        if found and found.group(3) == "dynamic-slice":
+            source = _OPERANDS.findall(x.split("dynamic-slice(", 1)[1])[0]
+            if source in numbers:
+                sliced[numbers[source]] += audit.array_bytes(found.group(2))
+    return sliced
+
+
+def traffic(line: str, op: str, result: str, types: dict, module: dict) -> tuple[int, int]:
+    """(bytes read, bytes written) of one kernel: its operands' arrays (the slices of those it slices) and its
+    result's. An approximation (a fusion may read an operand twice) for a floor: bytes over the memory bandwidth."""
+    operands = [audit.array_bytes(types.get(name, ""))
+                for name in _OPERANDS.findall(line.split(f" {op}(", 1)[1].split(")", 1)[0])]
+    if updates_in_place(line, module):
+        return sum(operands[1:]), sum(operands[1:])
+    for number, size in sliced_parameters(line, module).items():
+        operands[number] = size
+    return sum(operands), audit.array_bytes(result)
+
+
+def launched(module: dict):
+    """(instruction line, op, result type, times a step, operand types) of every launched instruction."""
     runs = audit.computation_runs(module)
-    census = collections.defaultdict(lambda: {"count": 0, "in_loops": 0, "bytes": 0})
     for name in run_computations(module):
         times = runs(name)
+        types = {found.group(1): found.group(2) for found in map(_INSTRUCTION.match, module[name][1]) if found}
         for line in module[name][1]:
             found = _INSTRUCTION.match(line)
-            if not found or found.group(3) in NOT_KERNELS:
-                continue
-            kind = kernel_kind(line, found.group(3), module)
-            entry = census[kind]
-            entry["count"] += times
-            entry["in_loops"] += times if times > 1 else 0
-            if kind in ("copy", "slice_copy"):
-                entry["bytes"] += audit.array_bytes(found.group(2)) * times
+            if found and found.group(3) not in NOT_KERNELS:
+                yield line, found.group(3), found.group(2), times, types
+
+
+def kernel_census(hlo_text: str) -> dict:
+    """Per step: {kind: {"count", "in_loops", "read_bytes", "write_bytes"}} over the launched instructions
+    (kernel_kind), each counted as often as its computation runs; "in_loops" counts those inside while loops (the
+    scanned layers, gradient accumulation); the bytes are traffic's approximation."""
+    module = audit.computations(hlo_text)
+    census = collections.defaultdict(lambda: {"count": 0, "in_loops": 0, "read_bytes": 0, "write_bytes": 0})
+    for line, op, result, times, types in launched(module):
+        entry = census[kernel_kind(line, op, module)]
+        read, written = traffic(line, op, result, types, module)
+        entry["count"] += times
+        entry["in_loops"] += times if times > 1 else 0
+        entry["read_bytes"] += read * times
+        entry["write_bytes"] += written * times
     return dict(sorted(census.items(), key=lambda item: -item[1]["count"]))
+
+
+_OP_NAME = re.compile(r'op_name="([^"]*)"')
+SOURCES = (("layer_norm", "norm"), ("dropout", "ropout"), ("activation", "gelu"), ("attention", "attention"),
+           ("embeddings", "embeddings"), ("heads", "_head"))
+
+
+def fusion_traffic_by_source(hlo_text: str) -> dict[str, int]:
+    """Bytes the elementwise and reduction fusions read and write a step, by the model part their op names name
+    (the optimizer's update: outside the model's jvp; "other": the rest, residual adds and casts among them): what
+    fusing LayerNorm, dropout or GELU into their neighbours could save."""
+    module = audit.computations(hlo_text)
+    totals = collections.Counter()
+    for line, op, result, times, types in launched(module):
+        if kernel_kind(line, op, module) != "fusion":
+            continue
+        named = _OP_NAME.search(line)
+        op_name = named.group(1) if named else ""
+        source = next((name for name, word in SOURCES if word in op_name), "other")
+        if "jvp(" not in op_name:
+            source = "optimizer"
+        totals[source] += sum(traffic(line, op, result, types, module)) * times
+    return dict(totals.most_common())
 
 
 def layer_loop_copies(census: dict, config) -> float:
@@ -201,7 +269,8 @@ def report(config, gpu: Gpu, compiled, mesh, compile_seconds: float) -> dict:
     memory = compiled.memory_analysis()
     total = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
              + memory.temp_size_in_bytes)
-    census = kernel_census(compiled.as_text())
+    hlo = compiled.as_text()
+    census = kernel_census(hlo)
     return {"gpu": gpu.description, "batch": config.data.batch_size, "seq_length": config.data.seq_length,
             "dtype": config.model.dtype, "remat_policy": config.model.remat_policy,
             "scan_layers": config.model.scan_layers, "attention": attention_on(mesh, config),
@@ -209,8 +278,12 @@ def report(config, gpu: Gpu, compiled, mesh, compile_seconds: float) -> dict:
             "temp_gb": memory.temp_size_in_bytes / GB, "arguments_gb": memory.argument_size_in_bytes / GB,
             "device_memory_gb": gpu.memory_bytes / GB, "kernels": census,
             "launches": sum(entry["count"] for entry in census.values()),
-            "copy_gb": sum(census.get(k, {}).get("bytes", 0) for k in ("copy", "slice_copy")) / GB,
-            "layer_loop_copies_per_layer": layer_loop_copies(census, config)}
+            "copy_gb": sum(census.get(k, {}).get("write_bytes", 0) for k in ("copy", "slice_copy")) / GB,
+            "layer_loop_copies_per_layer": layer_loop_copies(census, config),
+            "bandwidth_floor_ms": {kind: 1e3 * (entry["read_bytes"] + entry["write_bytes"]) / gpu.memory_bandwidth
+                                   for kind, entry in census.items()},
+            "fusion_floor_ms_by_source": {source: 1e3 * size / gpu.memory_bandwidth
+                                          for source, size in fusion_traffic_by_source(hlo).items()}}
 
 
 def print_report(row: dict) -> None:
@@ -223,6 +296,10 @@ def print_report(row: dict) -> None:
     print(f"kernels a step: {row['launches']} launches: {kinds}")
     print(f"copies: {row['copy_gb']:.2f} GB a step; {row['layer_loop_copies_per_layer']:.1f} per layer inside the "
           "layer loop")
+    floors = ", ".join(f"{kind} {ms:.1f} ms" for kind, ms in row["bandwidth_floor_ms"].items())
+    print(f"bytes each kind reads and writes over the memory bandwidth (a floor, not a time): {floors}")
+    sources = ", ".join(f"{source} {ms:.1f} ms" for source, ms in row["fusion_floor_ms_by_source"].items())
+    print(f"the fusions' floor by what they compute: {sources}")
 
 
 def check(config: ml_collections.ConfigDict, gpu: Gpu) -> dict:

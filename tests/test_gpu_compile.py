@@ -34,7 +34,8 @@ def test_auto_attention_runs_cudnn_with_padding_as_lengths(compiled):
     config, step, row = compiled
     assert row["attention"] == "cudnn"
     layers = config.model.num_hidden_layers
-    assert row["kernels"]["cudnn_attention"] == {"count": 2 * layers, "in_loops": 2 * layers, "bytes": 0}
+    attention = row["kernels"]["cudnn_attention"]
+    assert attention["count"] == 2 * layers and attention["in_loops"] == 2 * layers
     hlo = step.as_text()
     assert hlo.count('custom_call_target="__cudnn$fmhaSoftmax"') == 1  # no bias: padding went in as lengths
     assert hlo.count('custom_call_target="__cudnn$fmhaSoftmaxBackward"') == 1
@@ -88,10 +89,12 @@ ENTRY %main (a: f32[4,8]) -> f32[4,8] {
 }
 """
     census = gpu_compile_check.kernel_census(hlo)
-    assert census == {"slice_copy": {"count": 4, "in_loops": 4, "bytes": 4 * 32},
-                      "fusion": {"count": 4, "in_loops": 4, "bytes": 0},
-                      "gemm": {"count": 1, "in_loops": 0, "bytes": 0},
-                      "copy": {"count": 1, "in_loops": 0, "bytes": 128}}
+    row = 32  # bytes of f32[1,8]
+    assert census == {
+        "slice_copy": {"count": 4, "in_loops": 4, "read_bytes": 4 * (row + 4), "write_bytes": 4 * row},
+        "fusion": {"count": 4, "in_loops": 4, "read_bytes": 4 * (row + 4), "write_bytes": 4 * (row + 4)},
+        "gemm": {"count": 1, "in_loops": 0, "read_bytes": 2 * 4 * row, "write_bytes": 4 * row},
+        "copy": {"count": 1, "in_loops": 0, "read_bytes": 4 * row, "write_bytes": 4 * row}}
 
 
 def test_an_unknown_gpu_is_one_line_and_exit_code_1():
