@@ -265,7 +265,7 @@ def layer_loop_copies(census: dict, config) -> float:
 
 
 def report(config, gpu: Gpu, compiled, mesh, compile_seconds: float) -> dict:
-    """The figures of the module docstring as one JSON-able dict (keys in docs/training.md, "GPU")."""
+    """The figures of the module docstring as one JSON-able dict (docs/training.md, "GPU", has them for the presets)."""
     memory = compiled.memory_analysis()
     total = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
              + memory.temp_size_in_bytes)
