@@ -146,7 +146,8 @@ class PeerRun:
 
         self.device = torch_device()
         model = hf_model(config).to(self.device).train()
-        model.set_attn_implementation("sdpa")  # transformers' default where torch has it; named to be sure
+        if hasattr(model, "set_attn_implementation"):  # sdpa is transformers 5's default; named where it can be
+            model.set_attn_implementation("sdpa")
         self.attention = model.config._attn_implementation  # noqa: SLF001 - what the forward dispatches on
         decay = [p for n, p in model.named_parameters() if not ("bias" in n or "LayerNorm" in n)]
         no_decay = [p for n, p in model.named_parameters() if "bias" in n or "LayerNorm" in n]

@@ -25,10 +25,11 @@ _logged: set[str] = set()
 
 
 def log_once(message: str) -> None:
-    """One log line per distinct reason and process: a step traces every layer, and retraces on new shapes."""
+    """One log line per distinct reason and process (a step traces every layer, and retraces on new shapes), at
+    WARNING: bert_jax's commands show no INFO lines unless asked (--verbosity)."""
     if message not in _logged:
         _logged.add(message)
-        logging.info("attention: %s", message)
+        logging.warning("attention: %s", message)
 
 
 def max_head_width() -> int:
