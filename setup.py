@@ -50,6 +50,10 @@ setup(
             # tests/test_tpu_compile.py compiles for TPU slices with libtpu, on any machine (no TPU needed); the
             # tests set JAX_PLATFORMS=cpu so that JAX does not look for a TPU (tests/conftest.py).
             "jax[tpu]>=0.10",
+            # tests/test_gpu_compile.py compiles for an H200 with JAX's CUDA plugin, also on machines without a GPU
+            # (3.6 GB of NVIDIA libraries, 35 s to install on the development machine). With JAX_PLATFORMS=cpu (the
+            # Makefile's) JAX still loads the plugin's libraries in every process, about 150 MB each.
+            "jax[cuda13]>=0.10",
         ],
         # prepare --runner=DirectRunner|DataflowRunner|...; it pins protobuf<7, which TensorFlow accepts
         # (docs/data.md). DataflowRunner wants apache-beam[gcp].
@@ -62,7 +66,9 @@ setup(
         "embed": ["ir-measures>=0.4.3"],
         # benchmarks/mteb_local.py: the MTEB harness on an exported model (adds datasets, pandas, polars)
         "mteb": ["mteb>=2.26", "sentence-transformers>=6.3"],
-        "gpu": ["jax[cuda12]>=0.10"],
+        # NVIDIA GPUs (CUDA 13: driver >= 580; older drivers: pip install "jax[cuda12]"), and
+        # `python -m bert_jax.gpu_compile_check` on any machine (the CUDA plugin compiles without a GPU).
+        "gpu": ["jax[cuda13]>=0.10"],
         # TPU VMs, and `python -m bert_jax.compile_check` on any machine (libtpu compiles without a TPU).
         "tpu": ["jax[tpu]>=0.10"],
     },

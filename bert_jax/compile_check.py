@@ -131,6 +131,7 @@ DEVICELESS_ENVIRONMENT = (
     ("TPU_SKIP_MDS_QUERY", "1"),  # no metadata server to ask (there may be no network)
     ("TPU_WORKER_HOSTNAMES", "localhost"),  # this host is the only worker
     ("ALLOW_MULTIPLE_LIBTPU_LOAD", "1"),  # compiling holds no TPU, so several processes may compile at once
+    ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1"),  # where the `gpu` extra is installed too: no CUDA to check here
 )
 
 

@@ -172,28 +172,34 @@ def token_clock(plan: tuple[batch_warmup.Stage, ...], full_batch: int) -> Callab
     return full_steps
 
 
-def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps, batch_metrics=None):
+def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps, batch_metrics=None,
+               param_shardings=None):
     """One update. A non-finite loss or gradient leaves params and optimizer state as they were (the host then stops
     or skips, per nan_policy); the step still advances so the data stays aligned with it.
 
-    The update sits under lax.cond, decided before it runs, rather than a select between new and old state after
-    it (which needs both whole states alive at once). Finite gradients give finite AdamW / LAMB updates, so
-    checking them is enough.
+    Each new leaf is a select between the updated and the old value, which XLA fuses into the update's own
+    elementwise kernels (no second state is alive; the compiled memory is the same). Under lax.cond instead, XLA:GPU
+    copied every leaf of the state out of the conditional each step (BERT-base: 621 copies of 1.2 GB; its kernel
+    launches a step fell from 2,141 to 1,190; bert_jax.gpu_compile_check). Finite gradients give finite AdamW / LAMB
+    updates, so checking them is enough.
 
     `accum_steps`: micro-batches per update, or {batch rows: micro-batches} under a batch-size warmup (the rows are
-    static, so each size compiles its own step)."""
+    static, so each size compiles its own step). `param_shardings`: the gradients are laid out as the parameters, so
+    that FSDP reduce-scatters each one; without the conditional's boundary XLA:TPU all-reduced the position table's
+    whole."""
     rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
     rows = jax.tree.leaves(batch)[0].shape[0]
     accum = accum_steps if isinstance(accum_steps, int) else accum_steps[rows]
     metrics, grads = gradients(loss_fn, state["params"], batch, rng, accum)
+    if param_shardings is not None:
+        grads = jax.lax.with_sharding_constraint(grads, param_shardings)
     grad_norm = optax.tree.norm(grads)
     finite = jnp.isfinite(metrics["loss"]) & jnp.isfinite(grad_norm)
 
-    def update(params, opt_state):
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    params, opt_state = jax.lax.cond(finite, update, lambda *unchanged: unchanged, state["params"], state["opt_state"])
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    updated = (optax.apply_updates(state["params"], updates), opt_state)
+    params, opt_state = jax.tree.map(lambda new, old: jnp.where(finite, new, old), updated,
+                                     (state["params"], state["opt_state"]))
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": state["rng"]}
     metrics = {**metrics, "grad_norm": grad_norm, "learning_rate": schedule(state["step"]), "finite": finite,
                **(batch_metrics(batch) if batch_metrics else {})}
@@ -281,7 +287,8 @@ def build_program(config: ml_collections.ConfigDict, mesh) -> Program:
     step = jax.jit(
         sharding.laid_out(functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
                                             accum_steps={s.batch_size: s.micro_batches for s in plan},
-                                            batch_metrics=pretraining_batch_metrics),
+                                            batch_metrics=pretraining_batch_metrics,
+                                            param_shardings=state_shardings["params"]),
                           mesh, config.mesh.sequence_parallel),
         in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
         donate_argnums=0)

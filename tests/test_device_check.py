@@ -1,10 +1,14 @@
-"""benchmarks/device_check.py at tiny sizes on the CPU: the code path an accelerator machine without network runs."""
+"""benchmarks/device_check.py at tiny sizes on the CPU: the code path an accelerator machine without network runs,
+bert_jax beside its HF transformers peer (torch.compile with the eager backend: the code path, not inductor's C++)."""
+import datetime
 import json
 import math
 import os
 import pathlib
 import subprocess
 import sys
+
+import pytest
 
 from train_helpers import XLA_CACHE_DIR
 
@@ -14,29 +18,62 @@ FAST_COMPILE = {"XLA_FLAGS": "--xla_backend_optimization_level=0 --xla_llvm_disa
                 "JAX_COMPILATION_CACHE_DIR": XLA_CACHE_DIR, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "1"}
 
 
-def test_device_check_cpu_path_writes_finite_figures_without_tensorflow(tmp_path):
-    out = tmp_path / "check.json"
+def device_check(*flags: str) -> subprocess.CompletedProcess:
     completed = subprocess.run(
-        [sys.executable, "benchmarks/device_check.py", "--cpu", f"--out={out}", "--rounds=1"], cwd=REPO,
+        [sys.executable, "benchmarks/device_check.py", "--cpu", *flags], cwd=REPO,
         env={**os.environ, **FAST_COMPILE, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ""}, capture_output=True,
         text=True, timeout=600)
     assert completed.returncode == 0, completed.stderr[-3000:]
+    return completed
+
+
+def positive(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
+
+
+def test_device_check_cpu_path_runs_both_frameworks_and_writes_finite_figures_without_tensorflow(tmp_path):
+    out = tmp_path / "check.json"
+    completed = device_check(f"--out={out}", "--rounds=1")
     result = json.loads(out.read_text())
     assert json.loads(completed.stdout.strip().splitlines()[-1]) == result
 
     assert result["tensorflow_imported"] is False
-    assert result["all_finite"] is True
-    for run in ("bert_base_seq128", "bert_large_seq512"):
-        for key in ("tokens_per_s", "mfu", "model_flops_per_step", "step_seconds"):
-            assert math.isfinite(result[run][key]) and result[run][key] > 0, (run, key)
+    assert result["all_finite"] is True and result["skipped"] == []
+    assert result["platform"] == "cpu" and result["peak_flops"] > 0
+    assert datetime.datetime.fromisoformat(result["date"]).tzinfo is not None
+    assert {"jax", "jaxlib", "flax", "torch", "transformers"} <= set(result["versions"])
+    row = result["bert_base_seq128"]  # bert-tiny here; --cpu runs no second (large) run, whose code is the same
+    for key in ("tokens_per_s", "mfu", "model_flops_per_step", "step_seconds", "peer_eager_tokens_per_s",
+                "peer_compiled_tokens_per_s", "ratio_vs_eager", "ratio_vs_compiled"):
+        assert positive(row[key]), key
+    assert row["ratio_vs_eager"] == pytest.approx(row["tokens_per_s"] / row["peer_eager_tokens_per_s"])
+    assert row["ratio_vs_compiled"] == pytest.approx(row["tokens_per_s"] / row["peer_compiled_tokens_per_s"])
+    assert row["peer_attention"] == "sdpa"
+    assert result["peer_compile_backend"] == "eager"
     agreement = result["loss_agreement"]
     assert agreement["steps"] == 3
     assert math.isfinite(agreement["loss_bfloat16"]) and math.isfinite(agreement["loss_float32"])
     assert agreement["abs_difference"] == abs(agreement["loss_bfloat16"] - agreement["loss_float32"])
     assert agreement["rel_difference"] < 1e-2  # bf16 activations drift, but not by a percent in three steps
-    attention = result["attention"]
-    for value in (attention["kernel"]["fused_ms"], attention["kernel"]["reference_ms"],
-                  attention["large_step_fused_tokens_per_s"], attention["large_step_speedup"]):
-        assert math.isfinite(value) and value > 0
+    # Every attention candidate (JAX's XLA attention with the mask, key lengths or a window; Pallas' Triton kernel
+    # with segment ids, interpreted) agrees with the reference at the real tokens, in bfloat16.
+    assert set(result["attention"]) == {"bert_large_padded", "bert_large_packed", "modernbert_base_local"}
+    for case, row in result["attention"].items():
+        kernels = {name: entry for name, entry in row.items() if isinstance(entry, dict)}
+        assert {"xla", "reference"} <= set(kernels) and not [k for k, e in kernels.items() if "error" in e], row
+        for name, entry in kernels.items():
+            assert positive(entry["ms"]) and entry["max_abs_difference_vs_xla"] < 2e-2, (case, name)
+    assert "pallas_triton_segments" in result["attention"]["bert_large_packed"]
+    assert "xla_lengths" in result["attention"]["modernbert_base_local"]
+    variant = result["variants"]["scan_layers"]
+    assert positive(variant["speedup"]) and variant["speedup"] == pytest.approx(
+        variant["base_step_seconds"] / variant["step_seconds"])
     assert set(result["memory"]) == {"peak_bytes_in_use", "bytes_limit"}  # None on the CPU, bytes on a GPU
-    assert result["platform"] == "cpu" and result["peak_flops"] > 0
+
+
+def test_profile_mode_sums_the_kernels_of_a_step(tmp_path):
+    completed = device_check(f"--profile={tmp_path}", "--steps=1")
+    row = json.loads(completed.stdout.strip().splitlines()[-1])
+    assert pathlib.Path(row["trace"]).is_file() and str(tmp_path) in row["trace"]
+    assert positive(row["device_ms_per_step"]) and row["top_kernels_ms_per_step"]
+    assert sum(row["ms_per_step_by_kind"].values()) == pytest.approx(row["device_ms_per_step"])

@@ -22,7 +22,7 @@ from flax import linen as nn
 
 from bert_jax import families, sharding
 from bert_jax.config_lib import ConfigError
-from bert_jax.modeling import flash_attention
+from bert_jax.modeling import flash_attention, gpu_attention
 from bert_jax.sharding import constrain
 
 ACTIVATIONS = {
@@ -225,16 +225,17 @@ SPLASH_BLOCKS = (512, 256, 128)  # splash attention's tiles on TPU (the lane wid
 
 def attention_kernel(config: Config, deterministic: bool, seq_length: int | None = None) -> str:
     """Which attention runs: "reference" (Flax's, which materialises the [B, heads, S, S] probabilities), a fused
-    jax.nn.dot_product_attention implementation ("xla", "cudnn"; "auto" lets JAX pick: cuDNN flash attention on GPU),
-    or "splash" (flash attention for TPU in Pallas; interpreted, slowly, elsewhere): Pallas' splash kernel, or with
-    attention dropout bert_jax's own flash kernel, which drops the probabilities inside the kernel
-    (bert_jax.modeling.flash_attention).
+    jax.nn.dot_product_attention implementation ("xla", "cudnn"; "auto": XLA's), or "splash" (flash attention for TPU
+    in Pallas; interpreted, slowly, elsewhere): Pallas' splash kernel, or with attention dropout bert_jax's own flash
+    kernel, which drops the probabilities inside the kernel (bert_jax.modeling.flash_attention).
 
     "auto" is splash when the step is traced for TPU (sharding.target_platform) and S is a multiple of its 128-token
-    tiles (which the kernel needs on any platform). Elsewhere the fused kernels have no dropout on the
-    probabilities, so "auto" trains with the reference whenever attention_probs_dropout_prob > 0 (the paper
-    presets) and is fused only without it, and for evaluation and inference. Naming "xla" or "cudnn" while training
-    with attention dropout is an error rather than a silent fallback.
+    tiles (which the kernel needs on any platform); on a GPU it is cuDNN's flash attention where the dtype and head
+    width allow (gpu_attention.auto_kernel; packed rows and local windows then still run XLA's, see there).
+    Elsewhere the fused kernels have no dropout on the probabilities, so "auto" trains with the reference whenever
+    attention_probs_dropout_prob > 0 (the paper presets) and is fused only without it, and for evaluation and
+    inference. Naming "xla" or "cudnn" while training with attention dropout is an error rather than a silent
+    fallback.
     docs/training.md ("Attention kernels and dropout") measures what dropping attention dropout costs.
     """
     dropout = not deterministic and config.attention_probs_dropout_prob > 0.0
@@ -249,6 +250,8 @@ def attention_kernel(config: Config, deterministic: bool, seq_length: int | None
         raise ConfigError(f"config.model.attention_impl={config.attention_impl!r}: this fused kernel has no attention "
                           "dropout; set config.model.attention_probs_dropout_prob=0.0, or attention_impl='auto' "
                           "or 'splash' (TPU)")
+    if config.attention_impl == "auto" and sharding.target_platform() == "gpu":
+        return gpu_attention.auto_kernel(config)
     if config.attention_impl == "splash" and not tiles:
         raise ConfigError(f"config.model.attention_impl='splash': the sequence length {seq_length} must be a multiple "
                           f"of {SPLASH_BLOCKS[-1]}; pad the batches (config.data.seq_length) or use 'auto'")
@@ -257,10 +260,15 @@ def attention_kernel(config: Config, deterministic: bool, seq_length: int | None
 
 def layer_mask(config: Config, attention_mask: Array, packing_segment_ids: Array | None,
                deterministic: bool) -> Array:
-    """What every layer's attention takes: [B, S] segment ids for splash (no [B, S, S] array at all), else the
-    boolean [B, 1, S, S] mask of attention_mask_for."""
-    if attention_kernel(config, deterministic, attention_mask.shape[1]) == "splash":
+    """What every layer's attention takes: [B, S] segment ids for splash, int32 [B] key lengths for cuDNN on unpacked
+    rows (no [B, S, S] array at all for either), else the boolean [B, 1, S, S] mask of attention_mask_for."""
+    kernel = attention_kernel(config, deterministic, attention_mask.shape[1])
+    if kernel == "splash":
         return segment_ids_for(attention_mask, packing_segment_ids)
+    if kernel == "cudnn" and packing_segment_ids is None:
+        return gpu_attention.key_lengths(attention_mask)
+    if kernel == "cudnn" and config.attention_impl == "auto":
+        gpu_attention.log_packed_fallback()
     return attention_mask_for(attention_mask, packing_segment_ids)
 
 
@@ -289,10 +297,12 @@ def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=N
     if kernel == "splash":
         rate = config.attention_probs_dropout_prob if dropout_rng is not None else 0.0
         return splash_attention(query, key, value, mask, half_window, dropout_rng, rate)
+    if kernel == "cudnn" and mask.ndim == 1:  # key lengths (layer_mask)
+        return gpu_attention.attend(query, key, value, mask, half_window)
     if half_window is not None:
         mask = window_mask(mask, half_window)
     if kernel != "reference":
-        implementation = None if kernel == "auto" else kernel
+        implementation = None if config.attention_impl == "auto" else kernel  # auto's cuDNN on packed rows: XLA's
         return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
     weights = nn.dot_product_attention_weights(
         query, key, mask=mask, dropout_rng=dropout_rng, dropout_rate=config.attention_probs_dropout_prob,
