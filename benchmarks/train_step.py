@@ -212,13 +212,16 @@ def main():
     if with_baseline:
         theirs_seconds = float(np.median(theirs_times))
         baseline_flops = flops.train_step_flops(config, gathered_mlm_head=False)
+        round_ratios = [theirs / ours for ours, theirs in zip(ours_times, theirs_times)]
         result.update(baseline_tokens_per_s=tokens / theirs_seconds, ratio=theirs_seconds / ours_seconds,
+                      round_ratios=[round(min(round_ratios), 3), round(max(round_ratios), 3)],
                       baseline_model_flops_per_step=baseline_flops, baseline_mfu=baseline_flops / theirs_seconds / peak,
                       torch_threads=torch_threads())
         print(f"  transformers  {result['baseline_tokens_per_s']:9.1f} tokens/s   MFU "
               f"{100 * result['baseline_mfu']:5.1f}%   ({baseline_flops / 1e9:.1f} GFLOP/step, MLM head on all "
               f"positions)")
-        print(f"  ratio {result['ratio']:.2f}x")
+        low, high = result["round_ratios"]
+        print(f"  ratio {result['ratio']:.2f}x (rounds {low:.2f}-{high:.2f}x)")
     print(f"  peak {peak / 1e9:.0f} GFLOP/s per device")
     print(json.dumps(result))
 
