@@ -71,10 +71,12 @@ def fatal_line(record: list[str], status: dict) -> str:
     text = "\n".join(record)
     me = status.get("process", 0)
     lost = lost_processes(text)
-    if lost is not None:
-        timeout = status.get("peer_timeout_s")
-        why = (f"process {', '.join(map(str, lost))} stopped answering"
-               + (f" (no heartbeat for config.distributed.peer_timeout_s={timeout} s)" if timeout else ""))
+    timeout = status.get("peer_timeout_s")
+    silence = f" (no heartbeat for config.distributed.peer_timeout_s={timeout} s)" if timeout else ""
+    if lost is not None and me in lost:  # a frozen process that woke up, or one cut off from process 0
+        why = f"the other processes stopped waiting for this one{silence}"
+    elif lost is not None:
+        why = f"process {', '.join(map(str, lost))} stopped answering{silence}"
     elif "coordination service" in text or "leader task" in text:
         why = "process 0 stopped answering (it runs the coordination service every process needs)"
     else:

@@ -246,8 +246,12 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
             evaluation = evaluate(state)
             log(writer, progress, start_step, evaluation)
     except BaseException as error:
-        with contextlib.suppress(checkpoints.SaveError):  # the error on its way out says more
-            checkpoints.finish_saves(manager)
+        # A command ends right after its error line, without waiting for a save in flight: in a bucket that is out
+        # of reach the wait is tensorstore's whole retry budget (minutes), and a step that never committed is a
+        # temporary folder the next run removes. A caller in Python gets the manager finished.
+        if not cli.in_command():
+            with contextlib.suppress(checkpoints.SaveError):  # the error on its way out says more
+                checkpoints.finish_saves(manager)
         if isinstance(error, MetricsWriteError):
             committed = checkpoints.committed_step(manager)
             resume = f"resume from step {committed}" if committed else "start again (no checkpoint was saved)"

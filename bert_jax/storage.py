@@ -29,7 +29,9 @@ GLOB_CHARACTERS = "*?["
 # What a damaged shard's error says: prepare checks every shard against its unit's marker and redoes those that
 # changed (bert_jax.input_pipeline.prepare_units).
 REPREPARE = "run the prepare command that wrote it again, which redoes the units whose shards changed"
-logging.getLogger("gcsfs").setLevel(logging.ERROR)  # it warns on every bucket that it cannot ask the layout API
+# gcsfs warns on every bucket that it cannot ask the layout API, and logs each request that ran out of retries with
+# its traceback: the error itself reaches the caller, which names the path.
+logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
 
 
 class StorageError(UserError, OSError):
