@@ -13,11 +13,13 @@ The faults (--faults, default all):
   disk_full        the workdir's tmpfs is filled after 15 steps: process 0's metrics write fails (needs root)
   corrupt_shard    a prepared shard that only the last process reads is truncated before the start; then the
                    prepare command is rerun as the error says
-  diverge_stop     steps 21-40 at learning rate 1e6 (a checkpoint every step), nan_policy=stop; then the relaunch
-  diverge_skip     the same with nan_policy=skip                                         at the original rate
+  diverge_stop     stopped at step 20, resumed at learning rate 1e6 with a checkpoint every step, nan_policy=stop;
+                   then the relaunch at the original rate
+  diverge_skip     the same at 1e30 (NaN at once) with nan_policy=skip
   flaky_bucket     the workdir and the shards in a GCS server on localhost behind a proxy that fails 2% of the
                    requests (429, 503, reset) (tests/gcs_server.py)
-  outage           the same proxy failing every request from step 15 on
+  outage           the same proxy failing every request from step 15 on (watchdog_s=300, so that the failed
+                   request, not the watchdog, ends the run)
   long_compile     not a fault: BERT-base's first compile on 2 processes with a 3 s peer timeout and both cores
                    busy, to see whether the heartbeats go on while XLA compiles (what the default timeout rests on)
 
@@ -252,10 +254,11 @@ def diverge(runs, processes, reference, nan_policy: str) -> dict:
     for p in run:
         p.process.send_signal(signal.SIGTERM)
         p.finish()
+    rate = {"stop": 1e6, "skip": 1e30}[nan_policy]  # finite huge weights, a spike; weights that give NaN at once
     run = runs.complete(workdir, processes, total, "--config.checkpoint_every_steps=1",
-                        "--config.optimizer.learning_rate=1e6", policy)
+                        f"--config.optimizer.learning_rate={rate:g}", policy)
     result = outcome(f"diverge_{nan_policy}", processes, run, None, bound_s=15)
-    steps = sorted(int(p.name.split(".")[0]) for p in (workdir / "checkpoints").iterdir() if p.name[0].isdigit())
+    steps = sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit())
     aside = sorted(p.name for p in (workdir / "checkpoints").iterdir() if "diverged" in p.name)
     return {**result, "checkpoints": steps, "moved_aside": aside, **relaunched(runs, workdir, processes, reference,
                                                                               policy)}
@@ -271,7 +274,7 @@ def bucket(runs, processes, reference, server: GcsServer, prepared: pathlib.Path
             storage.atomic_write(f"{base}/prepared/{shard.name}", shard.read_bytes())
     proxy = FlakyProxy(server, rate=0.0 if outage else 0.02, seed=processes)
     flags = [f"--config.data.prepared_dir={base}/prepared", "--config.data.input_files=",
-             f"--config.total_steps={STEPS}"]
+             f"--config.total_steps={STEPS}", "--config.watchdog_s=300"]  # the outage's own error comes first
     workdir = f"{base}/run"
     try:
         run = runs.start(workdir, processes, *flags, env=proxy.env())

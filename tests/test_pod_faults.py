@@ -77,6 +77,28 @@ def test_every_process_ends_with_one_line(fault):
                         0: "error: ended by process 1: shard-00001.tfrecord: corrupt or truncated; prepare it again"}
 
 
+@pytest.mark.parametrize("record, why", [
+    (["F1205 04:44:08.989093    7115 client.h:80] Terminating process because the JAX distributed service detected "
+      "fatal errors. ... absl::Status: UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task "
+      "was preempted/died/restarted unexpectedly or this task is experiencing network issues.",
+      "Additional GRPC error information from remote target coordination_service while calling /xla.coordination"
+      ".CoordinationService/PollForError:", "*** Check failure stack trace: ***", "    @     0x7f027e440634  absl::"],
+     "process 0 stopped answering (it runs the coordination service every process needs)"),
+    (["F1205 04:07:07.636455   23729 client.h:80] Terminating process because the JAX distributed service detected "
+      "fatal errors. ... absl::Status: UNAVAILABLE: The following tasks are unhealthy (stopped sending heartbeats):",
+      "1", "The tasks have crashed."], "the other processes stopped waiting for this one (no heartbeat for "
+                                       "config.distributed.peer_timeout_s=4 s)"),
+    (["F0101 00:00:00.000000    1 cpu_client.cc:12] Check failed: buffer != nullptr. More text", "*** Check"],
+     "the JAX runtime ended it: Check failed: buffer != nullptr"),
+])
+def test_the_runtimes_fatal_records_become_one_line(record, why):
+    from bert_jax import native_stderr
+
+    line = native_stderr.fatal_line(record, {"process": 1, "committed": 20, "peer_timeout_s": PEER_TIMEOUT_S})
+    assert line == (f"error: process 1: {why}; the last committed checkpoint is step 20: rerun the same command (on "
+                    "every process) to resume from it")
+
+
 def stand_in_command(port: str, process_id: int, fault: str) -> None:
     """A command that syncs the two processes every step, as training does, and says which step it finished."""
     import numpy as np
