@@ -119,7 +119,8 @@ class Runs:
         """The processes of one run; `hang_at`: the last process's input stalls at that step."""
         program = ([sys.executable, __file__, f"--hang_at={hang_at}", "--"] if hang_at
                    else [sys.executable, "-m", "bert_jax.train"])
-        command = [*program, f"--workdir={workdir}", *TRAIN, *flags]
+        config = [f for f in flags if f.startswith("--config=")] or TRAIN[:1]  # before the overrides of its keys
+        command = [*program, f"--workdir={workdir}", *config, *TRAIN[1:], *(f for f in flags if f not in config)]
         port = free_port()
         commands = [command] if processes == 1 else [
             [*command, f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={processes}",
@@ -284,7 +285,8 @@ def bucket(runs, processes, reference, server: GcsServer, prepared: pathlib.Path
             with patched_environ(env):
                 losses = logged_losses(workdir)
             return dict(fault="flaky_bucket", processes=processes, exit_codes=[p.process.returncode for p in run],
-                        stderr_lines=[len(p.error_lines()) for p in run], injected=proxy.faults,
+                        stderr_lines=[len(p.error_lines()) for p in run], lines=[p.error_lines() for p in run],
+                        injected=proxy.faults,
                         requests=proxy.requests, bit_exact=losses == reference)
         with patched_environ(env):
             wait_for_steps(run, workdir, FAULT_AT)

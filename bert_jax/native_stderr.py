@@ -22,6 +22,7 @@ import sys
 
 STATUS_MARK = "\x1ebert_jax-status "  # a line the command writes to the child: JSON of what a fatal line names
 FATAL = re.compile(r"^F\d{4} \S+\s+\d+ \S+:\d+\] (.*)")  # absl's fatal record: F1205 03:44:08.98 7115 client.h:80]
+CRASH = re.compile(r"^(Fatal Python error: .*)")  # what faulthandler writes for a segfault or an abort
 _started = False
 
 
@@ -80,8 +81,8 @@ def fatal_line(record: list[str], status: dict) -> str:
     elif "coordination service" in text or "leader task" in text:
         why = "process 0 stopped answering (it runs the coordination service every process needs)"
     else:
-        first = FATAL.match(record[0]).group(1)
-        why = f"the JAX runtime ended it: {first.split('. ')[0][:200]}"
+        first = (FATAL.match(record[0]) or CRASH.match(record[0])).group(1)
+        why = f"it crashed: {first.split('. ')[0][:200]}"
     return f"error: process {me}: {why}; {relaunch(status.get('committed'))}"
 
 
@@ -108,7 +109,7 @@ def main() -> None:
         line = raw.decode("utf-8", "replace").rstrip("\n")
         if line.startswith(STATUS_MARK):
             status.update(json.loads(line[len(STATUS_MARK):]))
-        elif record or FATAL.match(line):
+        elif record or FATAL.match(line) or CRASH.match(line):
             record.append(line)
     if record and not status.get("ended"):
         bar_above = status.get("process", 0) == 0  # process 0's progress bar ends its last line without a newline

@@ -2,7 +2,9 @@
 
 `GcsServer()` runs it in a subprocess on a free port (`python tests/gcs_server.py PORT BUCKET`); `use(server)`
 points this process's clients at it: gcsfs (hence epath) through STORAGE_EMULATOR_HOST, Orbax's tensorstore through
-TENSORSTORE_GCS_HTTP_URL; subprocesses take `server.env()`. Nothing leaves this machine.
+TENSORSTORE_GCS_HTTP_URL; subprocesses take `server.env()`. `FlakyProxy(server, rate)` stands in front of it and
+fails a share of the requests (429, 503, a reset connection), for the tests and benchmarks of a flaky bucket.
+Nothing leaves this machine.
 
 One fix to the emulator: Cloud Storage sends an object's generation in `x-goog-generation` with every media
 download, and tensorstore needs it for the conditional writes of Orbax's OCDBT manifests; the emulator omits it
