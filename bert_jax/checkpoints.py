@@ -11,6 +11,7 @@ renames it when complete, so an interrupted or failed save (a full disk) leaves 
 from __future__ import annotations
 
 import errno
+import json
 import logging as std_logging
 import os
 import re
@@ -29,6 +30,9 @@ from bert_jax.errors import UserError
 from bert_jax.workdir import CHECKPOINT_DIR
 
 
+HEALTH_FILE = "health.json"  # beside the step folders; Orbax lists only those
+
+
 class SaveError(UserError, OSError):
     """A checkpoint could not be written: the run stops at once, and the last good step stays for a rerun."""
 
@@ -37,19 +41,50 @@ class UnreadableCheckpointsError(UserError, OSError):
     """Checkpoints exist but none of them can be read; their files are left as they are."""
 
 
+class Retention(ocp.checkpoint_managers.PreservationPolicy):
+    """Which steps Orbax keeps: the `keep` newest, and those the run loop protects (bert_jax.health: the newest
+    checkpoint shown good, and one from before the first skipped update)."""
+
+    def __init__(self, keep: int):
+        self.keep, self.protected = keep, set()
+
+    def should_preserve(self, checkpoints, *, context) -> list[bool]:
+        newest = {info.step for info in sorted(checkpoints, key=lambda info: info.step)[-self.keep:]}
+        return [info.step in newest or info.step in self.protected for info in checkpoints]
+
+
 def checkpoint_manager(workdir: str | os.PathLike, keep: int) -> ocp.CheckpointManager:
-    """Async saves, keeping the `keep` latest steps; the trainer decides when to save.
+    """Async saves, keeping the `keep` latest steps and those `protect` names; the trainer decides when to save.
 
     A step becomes visible only when complete (a renamed temporary folder; in a bucket, a commit_success.txt
     marker), so a process killed mid-save leaves the previous step as the latest. A failed save reaches the caller
     as one SaveError (save, check_saves, finish_saves), so Orbax's logged tracebacks of it are left out."""
     quiet_reported_orbax_errors()
-    options = ocp.CheckpointManagerOptions(max_to_keep=keep, enable_async_checkpointing=True,
+    retention = Retention(keep)
+    options = ocp.CheckpointManagerOptions(preservation_policy=retention, enable_async_checkpointing=True,
                                            cleanup_tmp_directories=True)
-    return ocp.CheckpointManager(storage.orbax_path(workdir) / CHECKPOINT_DIR,
-                                 options=options, item_names=("params", "train_state"),
-                                 item_handlers={name: ocp.StandardCheckpointHandler()
-                                                for name in ("params", "train_state")})
+    manager = ocp.CheckpointManager(storage.orbax_path(workdir) / CHECKPOINT_DIR,
+                                    options=options, item_names=("params", "train_state"),
+                                    item_handlers={name: ocp.StandardCheckpointHandler()
+                                                   for name in ("params", "train_state")})
+    manager.retention = retention  # Orbax keeps the policy it was given but offers no way back to it
+    return manager
+
+
+def protect(manager: ocp.CheckpointManager, steps: set[int]) -> None:
+    """Keep these steps whatever keep_checkpoints says (from the next save's clean-up on)."""
+    manager.retention.protected = set(steps)
+
+
+def read_health(manager: ocp.CheckpointManager) -> dict:
+    """checkpoints/health.json (bert_jax.health's record), {} when there is none."""
+    path = manager.directory / HEALTH_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def write_health(manager: ocp.CheckpointManager, record: dict) -> None:
+    if jax.process_index() == 0:
+        storage.atomic_write(manager.directory / HEALTH_FILE, json.dumps(record))
 
 
 def split_state(state: dict) -> tuple[dict, dict]:
@@ -136,6 +171,14 @@ def check_saves(manager: ocp.CheckpointManager) -> None:
     """Raise SaveError if the save in flight has already failed; cheap enough to call after every step."""
     if not manager.is_saving_in_progress():
         wait_for_save(manager)
+
+
+def committed_step(manager: ocp.CheckpointManager) -> int | None:
+    """The newest step whose save has completed (not the one in flight); None when there is none."""
+    steps = sorted(manager.all_steps())
+    if steps and manager.is_saving_in_progress():
+        steps.pop()
+    return steps[-1] if steps else None
 
 
 def finish_saves(manager: ocp.CheckpointManager) -> None:
@@ -225,22 +268,31 @@ def restore_latest(manager: ocp.CheckpointManager, abstract_state: dict) -> tupl
 
 
 def set_aside(manager: ocp.CheckpointManager, failures: dict[int, str]) -> None:
-    """Move each unreadable step's folder to <step>.unreadable (process 0, then every process reloads)."""
-    if not failures:
-        return
-    for step, reason in failures.items():
-        folder = manager.directory / str(step)
-        aside = folder.parent / f"{step}.unreadable"
-        suffix = 1
-        while aside.exists():
-            aside, suffix = folder.parent / f"{step}.unreadable-{suffix}", suffix + 1
+    """Move each unreadable step's folder to <step>.unreadable, with a warning naming why."""
+    for (step, reason), name in zip(failures.items(), move_aside(manager, list(failures), "unreadable")):
         logging.warning("skipping the checkpoint of step %d in %s: %s; its files are kept in %s", step,
-                        manager.directory, reason, aside.name)
+                        manager.directory, reason, name)
+
+
+def move_aside(manager: ocp.CheckpointManager, steps: list[int], why: str) -> list[str]:
+    """Move these steps' folders to <step>.<why> (or <step>.<why>-N), which Orbax does not list, so that the run
+    resumes from an older step and may save these again; process 0 moves, then every process reloads. Returns the
+    new names."""
+    if not steps:
+        return []
+    names = []
+    for step in steps:
+        folder = manager.directory / str(step)
+        aside, suffix = folder.parent / f"{step}.{why}", 1
+        while aside.exists():
+            aside, suffix = folder.parent / f"{step}.{why}-{suffix}", suffix + 1
+        names.append(aside.name)
         if jax.process_index() == 0:
             storage.move_tree(folder, aside)
-    multihost_utils.sync_global_devices("bert_jax: unreadable checkpoints set aside")
+    multihost_utils.sync_global_devices(f"bert_jax: checkpoints moved aside as {why}")
     storage.forget_listings(manager.directory)
     manager.reload()
+    return names
 
 
 def readable_state(manager: ocp.CheckpointManager, step: int, abstract_state: dict) -> tuple[dict | None, str]:

@@ -16,11 +16,13 @@ import importlib.util
 import os
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from typing import NoReturn
 
 from absl import app, flags, logging
 
+from bert_jax import native_stderr, pod
 from bert_jax.errors import UserError
 
 USAGE_ERROR = 2  # what absl uses for a flag it cannot parse
@@ -74,21 +76,34 @@ def parse_flags(argv: list[str]) -> list[str]:
 
 
 def guarded(command: Callable[[list[str]], object]) -> Callable[[list[str]], None]:
-    """`command` with quiet logging unless --verbosity is given, and a UserError ending it as one line."""
+    """`command` with quiet logging unless --verbosity is given, and a UserError ending it as one line. In a run
+    over several processes every error ends all of them (bert_jax.pod), each with one line: the error's, or
+    for a bug a line after its traceback."""
 
     def main(argv: list[str]) -> None:
         if not verbose():
             logging.set_verbosity(logging.WARNING)  # Orbax logs every save at INFO
         try:
             command(argv)
-        except UserError as e:
-            if verbose():
+        except Exception as e:
+            line = f"error: {e}" if isinstance(e, UserError) else pod.failure_line(e)
+            if not pod.running() and (line is None or verbose()):
                 raise
+            if line is None or verbose():
+                traceback.print_exc()
             # Ended here, while the failed command's objects are still referenced: freeing them is teardown too.
-            print(f"error: {e}", file=sys.stderr)
-            end_process(1)
+            fail(line or f"error: {type(e).__name__} (the traceback above is this process's)")
 
     return main
+
+
+def fail(line: str) -> NoReturn:
+    """End the command with its error line and exit code 1; in a run over several processes, the others too."""
+    if pod.running():
+        pod.end_together(line)
+    native_stderr.tell(ended=True)
+    print(line, file=sys.stderr)
+    end_process(1)
 
 
 def in_command() -> bool:

@@ -25,6 +25,9 @@ DTYPES = ("float32", "bfloat16")
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "reference")
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 SAMPLE_CORPUS = "data/corpus/*.txt"
+# docs/reliability.md says how these defaults were chosen (the first compile, the longest step, a loaded machine).
+WATCHDOG_S = 900
+PEER_TIMEOUT_S = 60
 
 
 class ConfigError(UserError, ValueError):
@@ -253,7 +256,18 @@ def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
         # data.batch_size over the first `tokens` tokens, in `stages` sizes (each compiles one step program).
         batch_warmup=dict(start=0, tokens=0, stages=4),
         rtd_weight=50.0,  # ELECTRA: loss = generator MLM + rtd_weight * discriminator loss
-        nan_policy="stop",  # a non-finite loss: stop (naming the step) | skip (that update)
+        # What an unhealthy step does (bert_jax.health): a NaN/Inf loss or gradient norm, or a spike above the mean
+        # + spike_sigmas standard deviations of the last spike_window healthy steps (0: no spike test). stop: the run
+        # stops and a relaunch resumes from the last checkpoint shown good; skip: non-finite updates are dropped,
+        # up to max_consecutive_skips in a row.
+        nan_policy="stop",
+        max_consecutive_skips=10,
+        spike_window=128,
+        spike_sigmas=6.0,
+        # A step (compiles, saves and evaluations aside) that runs longer than this ends every process (0: never).
+        watchdog_s=WATCHDOG_S,
+        # The other processes of a multi-process run end this long after one stops sending heartbeats.
+        distributed=dict(peer_timeout_s=PEER_TIMEOUT_S),
         peak_flops=0.0,  # per device, for MFU; 0 measures a matmul at start
         # Keep compiled XLA programs here across restarts and hosts ("" turns the persistent cache off).
         compilation_cache_dir="",
@@ -311,7 +325,18 @@ def finetune_config(task: str, max_seq_length: int, batch_size: int, learning_ra
             eps=1e-6,
             grad_clip_norm=1.0,
         ),
+        # What an unhealthy step does (bert_jax.health): a NaN/Inf loss or gradient norm, or a spike above the mean
+        # + spike_sigmas standard deviations of the last spike_window healthy steps (0: no spike test). stop: the run
+        # stops and a relaunch resumes from the last checkpoint shown good; skip: non-finite updates are dropped,
+        # up to max_consecutive_skips in a row.
         nan_policy="stop",
+        max_consecutive_skips=10,
+        spike_window=128,
+        spike_sigmas=6.0,
+        # A step (compiles, saves and evaluations aside) that runs longer than this ends every process (0: never).
+        watchdog_s=WATCHDOG_S,
+        # The other processes of a multi-process run end this long after one stops sending heartbeats.
+        distributed=dict(peer_timeout_s=PEER_TIMEOUT_S),
     ))
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import difflib
 import json
 import logging
 import re
@@ -110,6 +111,19 @@ def tfds_builder(name: str, data_dir: str | None, where: str, split: str = ""):
 def tfds_rows(name: str, split: str, data_dir: str | None, where: str) -> Iterator[dict]:
     """The examples of one split of a built TFDS dataset, as dicts of numpy values (text as bytes)."""
     return tfds_builder(name, data_dir, where, split).as_dataset(split=split).as_numpy_iterator()
+
+
+def require_path(source: str, flag: str, fetch_command: str) -> None:
+    """Raise, naming the path, when `source` does not exist: a misspelled folder gets the closest name beside it
+    (and no advice to download into the misspelling), a missing one the command that fetches the data."""
+    path = storage.as_path(source)
+    if path.exists():
+        return
+    parent = path.parent
+    beside = [p.name for p in parent.iterdir()] if parent.is_dir() else []
+    close = difflib.get_close_matches(path.name, beside, n=1)
+    hint = f"did you mean {parent / close[0]}?" if close else f"download the data: {fetch_command}"
+    raise DataSourceError(f"{flag}={source}: no such file or folder; {hint}")
 
 
 def hub_config_folder(root: storage.PathLike, config: str) -> storage.Path | None:

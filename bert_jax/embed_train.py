@@ -60,6 +60,7 @@ def validate(config: ml_collections.ConfigDict) -> None:
         raise EmbedConfigError(f"config.pooling={config.pooling!r}: must be one of {sentence_embedding.POOLINGS}")
     if not config.temperature > 0:
         raise EmbedConfigError(f"config.temperature={config.temperature!r}: must be positive")
+    run_loop.validate(config)
 
 
 def encode_pairs(pairs: pairs_lib.Pairs, tokenizer, family: str, config) -> dict[str, np.ndarray]:
@@ -222,8 +223,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # ---- The run loop ---------------------------------------------------------------------------------------------
     batches = (global_pairs_batch(features, finetune_lib.batch_rows(num_train, config.batch_size, config.seed, step),
                                   config.length_bucket, batch_sharding) for step in itertools.count(start_step))
-    loop_schedule = run_loop.Schedule(total_steps, config.log_every_steps, config.checkpoint_every_steps,
-                                      config.checkpoint_every_secs, config.nan_policy)
+    loop_schedule = run_loop.Schedule.of(config, total_steps)
     has_evaluation = bool(config.eval_beir_dir or config.eval_sts_file)
     outcome = run_loop.run(state, start_step, batches, step_fn, loop_schedule, workdir, manager,
                            evaluate if has_evaluation else None)

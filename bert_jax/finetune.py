@@ -277,6 +277,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
         raise FinetuneConfigError(f"config.num_epochs={config.num_epochs} over {num_train} examples gives no steps")
     opt = optimizer_config(config.optimizer, total_steps)
     optimizer_lib.validate(opt, total_steps, config.batch_size)
+    run_loop.validate(config)
     workdir_lib.check(workdir, config)
     workdir = workdir_lib.create(workdir, config)
 
@@ -318,8 +319,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     # ---- The run loop; after the last step every evaluation set is predicted and scored ----------------------------
     batches = (global_rows_batch(task.train_features, batch_rows(num_train, config.batch_size, config.seed, step),
                                  config.length_bucket, batch_sharding) for step in itertools.count(start_step))
-    loop_schedule = run_loop.Schedule(total_steps, config.log_every_steps, config.checkpoint_every_steps,
-                                      config.checkpoint_every_secs, config.nan_policy)
+    loop_schedule = run_loop.Schedule.of(config, total_steps)
     outcome = run_loop.run(state, start_step, batches, step_fn, loop_schedule, workdir, manager, evaluate)
     if outcome.stopped:
         return {}

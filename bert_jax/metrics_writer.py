@@ -5,6 +5,7 @@ TensorFlow's protos but bert_jax's own file writes, so the workdir may be a buck
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import pathlib
@@ -15,6 +16,7 @@ import time
 import jax
 
 from bert_jax import storage
+from bert_jax.errors import UserError
 from bert_jax.workdir import METRICS_FILE, TENSORBOARD_DIR
 
 
@@ -26,6 +28,20 @@ def machine_description() -> str:
              if line.startswith("model name")] if cpuinfo.exists() else []
     return (f"{names[0] if names else platform.processor()}, {os.cpu_count()} CPUs, {platform.system()} "
             f"{platform.machine()}, Python {platform.python_version()}")
+
+
+class MetricsWriteError(UserError, OSError):
+    """metrics.jsonl or the event file could not be written; the run stops (its checkpoints are as they were)."""
+
+
+def write_error(path: storage.Path, error: BaseException) -> MetricsWriteError:
+    """One line: the file, the cause in words, what to do."""
+    from bert_jax import checkpoints
+
+    code = checkpoints.os_error_code(error)
+    cause = os.strerror(code).lower() if code else checkpoints.first_line(checkpoints.root_cause(error))
+    remedy = "free space there" if code in (errno.ENOSPC, errno.EDQUOT) else "fix that"
+    return MetricsWriteError(f"could not write {path}: {cause}; {remedy}")
 
 
 class MetricsWriter:
@@ -53,20 +69,28 @@ class MetricsWriter:
             plugin_data=summary_pb2.SummaryMetadata.PluginData(plugin_name="scalars"),
             data_class=summary_pb2.DATA_CLASS_SCALAR)
 
-    def write(self, step: int, metrics: dict[str, float]) -> None:
+    def write(self, step: int, metrics: dict[str, float], notes: dict | None = None) -> None:
         """Add a row; metrics of a step that already has the last row (an evaluation after the step's training
-        metrics, a rerun's final evaluation) join that row, so each step has one."""
+        metrics, a rerun's final evaluation) join that row, so each step has one. `notes` (not scalars, e.g. the
+        steps whose update was skipped) go to metrics.jsonl only. A write that fails is a MetricsWriteError."""
         if not self.active:
             return
         last = json.loads(self._rows[-1]) if self._rows else {}
+        row = {**last, **metrics, **(notes or {})} if last.get("step") == step else {**metrics, **(notes or {})}
         if last.get("step") == step:
             self._rows.pop()
-            metrics = {**last, **metrics}
-        self._rows.append(json.dumps({"step": step, **metrics}) + "\n")
-        storage.atomic_write(self._jsonl, "".join(self._rows))
-        self._events += b"".join(storage.framed(self._scalar_event(step, name, value).SerializeToString())
-                                 for name, value in metrics.items())
-        storage.atomic_write(self._events_file, bytes(self._events))
+        self._rows.append(json.dumps({"step": step, **{k: v for k, v in row.items() if k != "step"}}) + "\n")
+        events = b"".join(storage.framed(self._scalar_event(step, name, value).SerializeToString())
+                          for name, value in metrics.items())
+        self._write(self._jsonl, "".join(self._rows))
+        self._events += events
+        self._write(self._events_file, bytes(self._events))
+
+    def _write(self, path: storage.Path, data) -> None:
+        try:
+            storage.atomic_write(path, data)
+        except Exception as error:  # noqa: BLE001 - OSError locally; fsspec's and gcsfs' own errors in a bucket
+            raise write_error(path, error) from error
 
     def _scalar_event(self, step: int, name: str, value: float):
         """What tf.summary.scalar writes: a float32 scalar tensor tagged with the scalars plugin."""

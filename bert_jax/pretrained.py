@@ -332,11 +332,13 @@ def read_pytorch_pickle(file: storage.Path) -> dict[str, np.ndarray]:
 
 def refused_pickle_content(error: BaseException) -> str:
     """What torch's weights-only reader refused, from its message, without the rest of that message."""
-    found = re.search(r"Unsupported global: GLOBAL ([\w.]+)|Unsupported operand (\d+)", str(error))
-    if found and found.group(1):
+    text = str(error)
+    # torch < 2.13: "Unsupported global: GLOBAL numpy...."; torch 2.13: "unsupported GLOBAL posix.system whose
+    # module posix is blocked"
+    if found := re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", text):
         return f"it holds objects besides tensors (it calls {found.group(1)})"
-    if found:
-        return (f"torch's weights-only reader does not accept it (pickle instruction {found.group(2)}): it is damaged "
+    if found := re.search(r"Unsupported operand (\d+)", text):
+        return (f"torch's weights-only reader does not accept it (pickle instruction {found.group(1)}): it is damaged "
                 "or holds objects besides tensors")
     return "it holds objects besides tensors"
 

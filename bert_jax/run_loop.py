@@ -18,6 +18,7 @@ import dataclasses
 import signal
 import time
 from collections.abc import Callable, Iterable
+from typing import NoReturn
 
 import jax
 import numpy as np
@@ -25,15 +26,13 @@ import tqdm
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpoints, cli
+from bert_jax import checkpoints, cli, health, native_stderr, pod
 from bert_jax.errors import UserError
-from bert_jax.metrics_writer import MetricsWriter
+from bert_jax.metrics_writer import MetricsWriteError, MetricsWriter
+from bert_jax.watchdog import Watchdog
 
-NAN_POLICIES = ("stop", "skip")
-
-
-class NonFiniteLossError(UserError, RuntimeError):
-    """The loss became NaN or Inf under nan_policy='stop'; the update was not applied and nothing was saved."""
+# What the schedules set for a step rather than what it measured: logged as the last step's value, not a mean.
+SCHEDULED_METRICS = ("learning_rate", "batch_size", "masking_rate")
 
 
 def announce(message: str, *args) -> None:
@@ -43,16 +42,42 @@ def announce(message: str, *args) -> None:
         tqdm.tqdm.write(message % args)
 
 
+class LoopConfigError(UserError, ValueError):
+    """A loop setting that cannot work; the message names the key."""
+
+
+def validate(config) -> None:
+    """Raise, naming the key, for loop settings every training command shares that cannot work."""
+    if config.nan_policy not in health.NAN_POLICIES:
+        raise LoopConfigError(f"config.nan_policy={config.nan_policy!r}: must be one of {health.NAN_POLICIES}")
+    for key, least in (("max_consecutive_skips", 0), ("spike_window", 2), ("spike_sigmas", 0), ("watchdog_s", 0)):
+        if config[key] < least:
+            raise LoopConfigError(f"config.{key}={config[key]!r}: must be >= {least}")
+    if config.distributed.peer_timeout_s < 1:
+        raise LoopConfigError(f"config.distributed.peer_timeout_s={config.distributed.peer_timeout_s!r}: must be "
+                              ">= 1 (seconds)")
+
+
 @dataclasses.dataclass(frozen=True)
 class Schedule:
-    """When the loop logs, evaluates, saves and what it does with a non-finite loss (config keys of the same name)."""
+    """When the loop logs, evaluates, saves, and what it does with an unhealthy step (config keys of the same name;
+    bert_jax.health)."""
 
     total_steps: int
     log_every_steps: int
     checkpoint_every_steps: int
     checkpoint_every_secs: float
-    nan_policy: str
+    policy: health.Policy = health.Policy()
     eval_every_steps: int = 0  # 0: evaluate only after the last step
+    watchdog_s: float = 0.0  # 0: no step watchdog
+
+    @classmethod
+    def of(cls, config, total_steps: int, eval_every_steps: int = 0) -> Schedule:
+        """The schedule a run's config sets (pretraining, fine-tuning and embedding configs share these keys)."""
+        policy = health.Policy(config.nan_policy, config.max_consecutive_skips, config.spike_window,
+                               config.spike_sigmas)
+        return cls(total_steps, config.log_every_steps, config.checkpoint_every_steps, config.checkpoint_every_secs,
+                   policy, eval_every_steps, config.watchdog_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,21 +108,12 @@ class Outcome:
     evaluation: dict[str, float]  # of the last step ({} when stopped or without an evaluate function)
 
 
-def summarize(pending: list[dict], first_step: int, nan_policy: str) -> tuple[dict, int]:
-    """Mean metrics of the steps since the last log, and how many updates were skipped as non-finite.
-
-    Under nan_policy='stop' a non-finite step raises, naming it; the state still holds the last good parameters.
-    """
-    fetched = jax.device_get(pending)
-    finite = np.array([m.pop("finite") for m in fetched])
-    if not finite.all() and nan_policy == "stop":
-        bad = first_step + int(np.argmin(finite)) + 1
-        raise NonFiniteLossError(f"the loss or gradient is NaN/Inf at step {bad}; stopping without applying or "
-                                 "saving it, the last checkpoint is intact. Lower the learning rate, or set "
-                                 "config.nan_policy=skip to skip such updates")
-    good = [m for m, ok in zip(fetched, finite) if ok] or fetched
-    means = {k: float(np.mean([m[k] for m in good])) for k in good[0]}
-    return means, int((~finite).sum())
+def summarize(fetched: list[dict], problems: list[str]) -> dict:
+    """The metrics of the steps since the last log: means over the healthy ones (all, if none was), the scheduled
+    values of the last step."""
+    fetched = [{k: v for k, v in m.items() if k != "finite"} for m in fetched]
+    good = [m for m, problem in zip(fetched, problems) if not problem] or fetched
+    return {k: float(fetched[-1][k] if k in SCHEDULED_METRICS else np.mean([m[k] for m in good])) for k in good[0]}
 
 
 def preemption_notices() -> bool:
@@ -159,17 +175,31 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
     schedule.eval_every_steps and after the last step, its metrics in the same row. A checkpoint is saved on the
     schedule, at the last step and on a signal: then the loop stops once that save has committed, and a command
     ends there (a caller in Python gets Outcome(stopped=True)). A failed save raises SaveError at the first step
-    that ends after the write failed.
+    that ends after the write failed. An unhealthy step stops the run with DivergenceError after moving the
+    checkpoints not shown good aside (bert_jax.health). In a command, a step that runs longer than
+    schedule.watchdog_s ends the process (bert_jax.watchdog).
     """
     writer = MetricsWriter(workdir, start_step)
     save_points = SavePoints(schedule.checkpoint_every_steps, schedule.checkpoint_every_secs, schedule.total_steps,
                              schedule.log_every_steps)
+    judge = health.Health(schedule.policy, checkpoints.read_health(manager), start_step, manager.all_steps())
+    watchdog = Watchdog(schedule.watchdog_s if cli.in_command() else 0,
+                        lambda step: pod.end_now(hung_line(step, schedule.watchdog_s, manager)))
     progress = tqdm.tqdm(total=schedule.total_steps, initial=start_step, disable=jax.process_index() != 0,
                          unit="step", dynamic_ncols=True)
     pending, skipped, last_log, last_time = [], 0, start_step, time.perf_counter()
-    stopped, evaluation = False, {}
+    stopped, evaluation, shapes_run, batches = False, {}, set(), iter(batches)
     try:
-        for step, batch in zip(range(start_step, schedule.total_steps), batches):
+        for step in range(start_step, schedule.total_steps):
+            watchdog.arm(step + 1)
+            batch = next(batches, None)
+            if batch is None:
+                break
+            shape = jax.tree.map(np.shape, batch)
+            if str(shape) not in shapes_run:  # the step compiles for this shape
+                watchdog.disarm()
+                shapes_run.add(str(shape))
+            pod.note(step=step + 1)
             state, metrics = step_fn(state, batch)
             pending.append(metrics)
             done = step + 1
@@ -178,18 +208,30 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
             eval_now = evaluate is not None and (done == schedule.total_steps or bool(schedule.eval_every_steps)
                                                  and done % schedule.eval_every_steps == 0)
             if done % schedule.log_every_steps == 0 or save_now or eval_now:
-                summary, newly_skipped = summarize(pending, last_log, schedule.nan_policy)
-                skipped += newly_skipped
+                fetched = jax.device_get(pending)
+                problems, diverged = judge.review(last_log, fetched)
+                summary = summarize(fetched, problems)
+                skipped_now = [{"step": s, "reason": p} for s, (m, p) in enumerate(zip(fetched, problems), last_log + 1)
+                               if not m.get("finite", True)]  # the updates the step did not apply
+                skipped += len(skipped_now)
                 summary.update(throughput.metrics((done - last_log) / (time.perf_counter() - last_time),
                                                   summary.get("batch_size")), skipped_updates=skipped)
+                if diverged:
+                    log(writer, progress, done, summary, skipped_now)
+                    stop_diverged(diverged, judge, manager)
                 if eval_now:
+                    watchdog.disarm()
                     evaluation = evaluate(state)
                     summary.update(evaluation)
-                log(writer, progress, done, summary)
+                log(writer, progress, done, summary, skipped_steps=skipped_now)
                 pending, last_log, last_time = [], done, time.perf_counter()
             if save_now:  # always when stopped
+                watchdog.disarm()
                 save_started = time.perf_counter()
+                checkpoints.protect(manager, judge.protected(last_save=done == schedule.total_steps))
                 checkpoints.save(manager, done, state)
+                judge.saved(done)
+                checkpoints.write_health(manager, judge.record(manager.all_steps()))
                 save_points.saved()
                 if stopped:
                     checkpoints.wait_for_save(manager)
@@ -198,16 +240,27 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
                     break
             else:
                 checkpoints.check_saves(manager)
+            pod.note(committed=checkpoints.committed_step(manager))
+        watchdog.disarm()
         if start_step >= schedule.total_steps and evaluate is not None:  # resumed after the last save
             evaluation = evaluate(state)
             log(writer, progress, start_step, evaluation)
-    except BaseException:
-        with contextlib.suppress(checkpoints.SaveError):  # the error on its way out says more
-            checkpoints.finish_saves(manager)
+    except BaseException as error:
+        # A command ends right after its error line, without waiting for a save in flight: in a bucket that is out
+        # of reach the wait is tensorstore's whole retry budget (minutes), and a step that never committed is a
+        # temporary folder the next run removes. A caller in Python gets the manager finished.
+        if not cli.in_command():
+            with contextlib.suppress(checkpoints.SaveError):  # the error on its way out says more
+                checkpoints.finish_saves(manager)
+        if isinstance(error, MetricsWriteError):
+            committed = checkpoints.committed_step(manager)
+            resume = f"resume from step {committed}" if committed else "start again (no checkpoint was saved)"
+            raise MetricsWriteError(f"{error}, then rerun the same command to {resume}") from error
         raise
     else:
         checkpoints.finish_saves(manager)
     finally:
+        watchdog.close()
         save_points.close()
         progress.close()
         writer.close()
@@ -216,8 +269,26 @@ def run(state: dict, start_step: int, batches: Iterable[dict], step_fn: Callable
     return Outcome(state, stopped, {} if stopped else evaluation)
 
 
-def log(writer: MetricsWriter, progress: tqdm.tqdm, step: int, summary: dict[str, float]) -> None:
-    writer.write(step, summary)
+def stop_diverged(diverged: health.Diverged, judge: health.Health, manager) -> NoReturn:
+    """Move the checkpoints not shown good aside, so that a relaunch resumes from the newest good one, and raise
+    DivergenceError naming it."""
+    checkpoints.wait_for_save(manager)
+    good = judge.newest_good()
+    moved = checkpoints.move_aside(manager, [s for s in manager.all_steps() if good is None or s > good], "diverged")
+    checkpoints.write_health(manager, judge.record(manager.all_steps()))
+    raise health.DivergenceError(health.stop_line(diverged, good, moved))
+
+
+def hung_line(step: int, seconds: float, manager) -> str:
+    """The watchdog's line."""
+    return (f"error: step {step} did not finish within config.watchdog_s={seconds:g} s (a stalled input, device "
+            f"or process); {native_stderr.relaunch(checkpoints.committed_step(manager))}")
+
+
+def log(writer: MetricsWriter, progress: tqdm.tqdm, step: int, summary: dict[str, float],
+        skipped_steps: list[dict] = ()) -> None:
+    """A row of metrics.jsonl / TensorBoard and the console; the skipped updates (step, reason) go to the JSON row."""
+    writer.write(step, summary, {"skipped_steps": list(skipped_steps)} if skipped_steps else {})
     if "loss" in summary:
         postfix = {"loss": f"{summary['loss']:.4f}"}
         if "tokens_per_second" in summary:

@@ -26,7 +26,12 @@ PathLike = epath.PathLike
 # The fsspec package each bucket scheme needs (epath knows these schemes); gcsfs is a dependency of bert_jax.
 SCHEME_PACKAGES = {"gs": "gcsfs", "s3": "s3fs", "az": "adlfs", "hf": "huggingface_hub"}
 GLOB_CHARACTERS = "*?["
-logging.getLogger("gcsfs").setLevel(logging.ERROR)  # it warns on every bucket that it cannot ask the layout API
+# What a damaged shard's error says: prepare checks every shard against its unit's marker and redoes those that
+# changed (bert_jax.input_pipeline.prepare_units).
+REPREPARE = "run the prepare command that wrote it again, which redoes the units whose shards changed"
+# gcsfs warns on every bucket that it cannot ask the layout API, and logs each request that ran out of retries with
+# its traceback: the error itself reaches the caller, which names the path.
+logging.getLogger("gcsfs").setLevel(logging.CRITICAL)
 
 
 class StorageError(UserError, OSError):
@@ -240,13 +245,31 @@ def framed(record: bytes) -> bytes:
     return length + struct.pack("<I", _masked_crc(length)) + record + struct.pack("<I", _masked_crc(record))
 
 
-def write_records(path: PathLike, records: Iterable[bytes]) -> int:
-    """Stream records into a TFRecord file, atomically (see `atomic_open`); returns how many were written."""
-    count = 0
+def write_records(path: PathLike, records: Iterable[bytes]) -> dict:
+    """Stream records into a TFRecord file, atomically (see `atomic_open`); returns how many were written and the
+    file's `fingerprint`, computed on the way."""
+    import google_crc32c
+
+    count, size, checksum = 0, 0, google_crc32c.Checksum()
     with atomic_open(path) as f:
         for count, record in enumerate(records, 1):
-            f.write(framed(record))
-    return count
+            data = framed(record)
+            f.write(data)
+            size += len(data)
+            checksum.update(data)
+    return {"records": count, "size": size, "crc32c": checksum.hexdigest().decode()}
+
+
+def fingerprint(path: PathLike, chunk_bytes: int = 1 << 24) -> dict:
+    """A file's size and CRC32C (what `write_records` returns), read whole."""
+    import google_crc32c
+
+    size, checksum = 0, google_crc32c.Checksum()
+    with as_path(path).open("rb") as f:
+        while chunk := f.read(chunk_bytes):
+            size += len(chunk)
+            checksum.update(chunk)
+    return {"size": size, "crc32c": checksum.hexdigest().decode()}
 
 
 def read_records(path: PathLike) -> Iterator[bytes]:
@@ -255,10 +278,10 @@ def read_records(path: PathLike) -> Iterator[bytes]:
     with path.open("rb") as f:
         while header := f.read(12):
             if len(header) < 12:
-                raise StorageError(f"{path}: truncated TFRecord file; prepare it again")
+                raise StorageError(f"{path}: truncated TFRecord file; {REPREPARE}")
             (length,), (length_crc,) = struct.unpack("<Q", header[:8]), struct.unpack("<I", header[8:])
             data, footer = f.read(length), f.read(4)
             if (_masked_crc(header[:8]) != length_crc or len(data) < length or len(footer) < 4
                     or _masked_crc(data) != struct.unpack("<I", footer)[0]):
-                raise StorageError(f"{path}: corrupt or truncated TFRecord file; prepare it again")
+                raise StorageError(f"{path}: corrupt or truncated TFRecord file; {REPREPARE}")
             yield data

@@ -22,11 +22,12 @@ from absl import flags
 from flax import linen as nn
 from ml_collections import config_flags
 
-from bert_jax import batch_warmup, checkpoints, cli, config_lib, flops, init_from, objectives, run_loop, sharding
+from bert_jax import batch_warmup, checkpoints, cli, config_lib, flops, init_from, native_stderr, objectives, pod
+from bert_jax import run_loop, sharding
 from bert_jax import optimizer as optimizer_lib
 from bert_jax import workdir as workdir_lib
 from bert_jax.errors import UserError
-from bert_jax.input_pipeline.config import PAIR_KINDS
+from bert_jax.input_pipeline.config import PAIR_KINDS, masking_rates
 from bert_jax.modeling import count_params, dummy_inputs, pretraining_model
 from bert_jax.modeling.transformer import attention_kernel, padded_vocab_size
 
@@ -63,8 +64,7 @@ def validate(config: ml_collections.ConfigDict, mesh) -> None:
                                "(0: no time-based saves)")
     if config.eval_every_steps < 0 or config.eval_steps < 1:
         raise TrainConfigError("config.eval_every_steps must be >= 0 (0: no evaluation) and config.eval_steps >= 1")
-    if config.nan_policy not in run_loop.NAN_POLICIES:
-        raise TrainConfigError(f"config.nan_policy={config.nan_policy!r}: must be one of {run_loop.NAN_POLICIES}")
+    run_loop.validate(config)
     optimizer_lib.validate(config.optimizer, config.total_steps, config.data.batch_size)
     batch_warmup.validate(config)
     shards = mesh.shape["data"] * mesh.shape["fsdp"]
@@ -150,11 +150,14 @@ def gradients(loss_fn, params, batch, rng, accum_steps: int):
     return jax.tree.map(lambda x: x / accum_steps, total)
 
 
-def pretraining_batch_metrics(batch: dict) -> dict:
+def pretraining_batch_metrics(batch: dict, step, *, masking) -> dict:
     """packing_efficiency: real tokens over the slots of the batch (1.0: no padding at all); batch_size: its
-    sequences (they grow under a batch-size warmup)."""
+    sequences (they grow under a batch-size warmup); masking_rate: the rate config.masking gives this step (its
+    rate_schedule's)."""
+    first_steps, rates = masking_rates(masking)
+    rate = jnp.asarray(rates, jnp.float32)[jnp.searchsorted(jnp.asarray(first_steps), step, side="right") - 1]
     return {"packing_efficiency": jnp.mean(batch["input_mask"], dtype=jnp.float32),
-            "batch_size": jnp.asarray(batch["input_mask"].shape[0], jnp.float32)}
+            "batch_size": jnp.asarray(batch["input_mask"].shape[0], jnp.float32), "masking_rate": rate}
 
 
 def token_clock(plan: tuple[batch_warmup.Stage, ...], full_batch: int) -> Callable:
@@ -202,7 +205,7 @@ def train_step(state: dict, batch: dict, *, loss_fn, tx, schedule, accum_steps, 
                                      (state["params"], state["opt_state"]))
     new_state = {"params": params, "opt_state": opt_state, "step": state["step"] + 1, "rng": state["rng"]}
     metrics = {**metrics, "grad_norm": grad_norm, "learning_rate": schedule(state["step"]), "finite": finite,
-               **(batch_metrics(batch) if batch_metrics else {})}
+               **(batch_metrics(batch, state["step"]) if batch_metrics else {})}
     return new_state, metrics
 
 
@@ -287,7 +290,8 @@ def build_program(config: ml_collections.ConfigDict, mesh) -> Program:
     step = jax.jit(
         sharding.laid_out(functools.partial(train_step, loss_fn=loss_fn, tx=tx, schedule=schedule,
                                             accum_steps={s.batch_size: s.micro_batches for s in plan},
-                                            batch_metrics=pretraining_batch_metrics,
+                                            batch_metrics=functools.partial(pretraining_batch_metrics,
+                                                                            masking=config.masking),
                                             param_shardings=state_shardings["params"]),
                           mesh, config.mesh.sequence_parallel),
         in_shardings=(state_shardings, batch_sharding), out_shardings=(state_shardings, replicated),
@@ -382,8 +386,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str, batches_
                                      peak_flops=(config.peak_flops or measured_peak_flops()) * mesh.size)
     run_loop.announce("model FLOPs per step %.3g; peak %.3g FLOP/s over %d devices", throughput.flops_per_step,
                       throughput.peak_flops, mesh.size)
-    schedule = run_loop.Schedule(config.total_steps, config.log_every_steps, config.checkpoint_every_steps,
-                                 config.checkpoint_every_secs, config.nan_policy, config.eval_every_steps)
+    schedule = run_loop.Schedule.of(config, config.total_steps, config.eval_every_steps)
     return run_loop.run(state, start_step, batches, program.step, schedule, workdir, manager, evaluate,
                         throughput).state
 
@@ -401,14 +404,19 @@ flags.DEFINE_integer("process_id", None, "This process's index in a --coordinato
 
 def command(train_fn):
     """The absl main of a training command (pretraining, fine-tuning): multi-host initialisation, then
-    train_fn(--config, --workdir). bert_jax.cli turns user errors into one line."""
+    train_fn(--config, --workdir). bert_jax.cli turns user errors into one line; without --verbosity the native
+    libraries' stderr is reduced to the one line of a fatal error (bert_jax.native_stderr), and bert_jax.pod ends
+    every process of a multi-process run when one fails."""
 
     def main(argv):
         del argv
+        config = flags.FLAGS.config
+        if not cli.verbose():
+            native_stderr.start()
         if flags.FLAGS.coordinator_address or flags.FLAGS.distributed:
-            jax.distributed.initialize(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes,
-                                       flags.FLAGS.process_id)
-        train_fn(flags.FLAGS.config, flags.FLAGS.workdir)
+            pod.start(flags.FLAGS.coordinator_address, flags.FLAGS.num_processes, flags.FLAGS.process_id,
+                      config.distributed.peer_timeout_s)
+        train_fn(config, flags.FLAGS.workdir)
 
     return main
 

@@ -20,7 +20,7 @@ import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import storage
+from bert_jax import pod, storage
 from bert_jax.errors import UserError
 
 CONFIG_FILE = "config.json"
@@ -132,9 +132,11 @@ def _lookup(tree: dict, dotted: str):
 
 
 def create(workdir: str | os.PathLike, config: ml_collections.ConfigDict) -> storage.Path:
-    """Create the workdir (process 0) after checking that it can be written and that every process sees the same
-    files there (a multi-host run needs a bucket or a filesystem all hosts mount), then write config.json."""
+    """Create the workdir (process 0) once every process has passed its checks, after checking that it can be
+    written and that every process sees the same files there (a multi-host run needs a bucket or a filesystem all
+    hosts mount), then write config.json."""
     workdir = storage.as_path(workdir)
+    pod.agree("every process passed its checks")  # so that an error found by one process leaves no workdir behind
     if jax.process_index() == 0:
         storage.check_writable(workdir)
     check_shared(workdir)

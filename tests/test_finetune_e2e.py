@@ -135,7 +135,7 @@ def test_sigterm_saves_and_a_rerun_ends_with_the_same_result(init_dir, tmp_path,
     fetch_rows = finetune.batch_rows
     monkeypatch.setattr(finetune, "batch_rows", train_helpers.rows_signalled_at(3, fetch_rows))
     assert finetune.train_and_evaluate(config, tmp_path / "stopped") == {}
-    assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["4"]
+    assert sorted(p.name for p in (tmp_path / "stopped" / "checkpoints").iterdir()) == ["4", "health.json"]
     assert not (tmp_path / "stopped" / "results.json").exists()
     monkeypatch.setattr(finetune, "batch_rows", fetch_rows)
     assert finetune.train_and_evaluate(config, tmp_path / "stopped") == straight

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_lib
+from bert_jax.data_sources import DataSourceError
 from bert_jax.evaluation import glue_metrics
 from bert_jax.tasks import glue
 from bert_jax.tasks.text import pack, truncate_longest_first
@@ -103,6 +104,16 @@ def test_missing_file_says_which_flag_to_pass(tmp_path):
         glue.load_split(glue.get_task("cola"), "train", str(tmp_path))
     with pytest.raises(glue.GlueDataError, match="unknown GLUE task"):
         glue.get_task("squad")
+
+
+def test_a_misspelled_folder_is_named_with_the_closest_one_beside_it(tmp_path):
+    (tmp_path / "RTE").mkdir()
+    with pytest.raises(DataSourceError, match=re.escape(f"--config.data_dir={tmp_path}/RTEE: no such file or folder; "
+                                                         f"did you mean {tmp_path}/RTE?")):
+        glue.load_split(glue.get_task("rte"), "train", str(tmp_path / "RTEE"))
+    with pytest.raises(DataSourceError, match="glue/MRPC: no such file or folder; download the data: hf download "
+                                              "nyu-mll/glue"):
+        glue.load_split(glue.get_task("mrpc"), "train", str(tmp_path / "glue" / "MRPC"))
 
 
 def test_submission_format(tmp_path):

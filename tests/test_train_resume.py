@@ -1,6 +1,7 @@
 """Checkpoints: exact resume after a signal, restore onto other meshes, model mismatch, NaN handling."""
 import json
 import os
+import re
 import signal
 
 import jax
@@ -9,7 +10,7 @@ import orbax.checkpoint as ocp
 import pytest
 from train_helpers import global_batch_at, logged, signalled_at, synthetic_batches, tiny_config
 
-from bert_jax import checkpoints, run_loop, train
+from bert_jax import checkpoints, health, train
 from bert_jax import workdir as workdir_lib
 
 MESH = {"mesh.data": 2, "mesh.fsdp": 4, "mesh.tensor": 1}
@@ -68,12 +69,16 @@ def poisoned_at(bad_step: int):
 
 
 def test_nan_loss_stops_or_skips(tmp_path):
+    """Under stop, the checkpoint the NaN step judged (step 2, its parameters gave the NaN) is moved aside and the
+    line names step 1, which step 2 showed good; under skip the update is dropped and logged with its reason."""
     config = tiny_config("bert", checkpoint_every_steps=1, **MESH)
-    with pytest.raises(run_loop.NonFiniteLossError, match="at step 3"):
+    with pytest.raises(health.DivergenceError, match=re.escape(
+            "step 3: the loss is nan; stopped, the last good checkpoint is step 1 (2.diverged moved aside, their "
+            "files kept).")):
         train.train_and_evaluate(config, str(tmp_path / "stop"), poisoned_at(3))
     manager = checkpoints.checkpoint_manager(tmp_path / "stop", keep=3)
-    assert manager.all_steps() == [1, 2]
-    saved = manager.restore(2, args=ocp.args.Composite(params=ocp.args.StandardRestore()))["params"]
+    assert manager.all_steps() == [1] and (tmp_path / "stop" / "checkpoints" / "2.diverged" / "params").is_dir()
+    saved = manager.restore(1, args=ocp.args.Composite(params=ocp.args.StandardRestore()))["params"]
     assert all(np.isfinite(x).all() for x in jax.tree.leaves(saved))
     manager.close()
 
@@ -81,6 +86,7 @@ def test_nan_loss_stops_or_skips(tmp_path):
     state = train.train_and_evaluate(config, str(tmp_path / "skip"), poisoned_at(3))
     assert int(state["step"]) == 4 and all(np.isfinite(x).all() for x in jax.tree.leaves(state["params"]))
     assert logged(tmp_path / "skip", "skipped_updates") == {1: 0, 2: 0, 3: 1, 4: 1}
+    assert logged(tmp_path / "skip", "skipped_steps") == {3: [{"step": 3, "reason": "the loss is nan"}]}
 
 
 def test_checkpoints_from_before_the_vocabulary_padding_resume(tmp_path):

@@ -38,7 +38,8 @@ import numpy as np
 from absl import flags
 from jax.experimental import multihost_utils
 
-from bert_jax import cli, config_lib, data_sources, families, finetune, flops, param_table, run_loop, storage
+from bert_jax import cli, config_lib, data_sources, families, finetune, flops, native_stderr, param_table, pod
+from bert_jax import run_loop, storage
 from bert_jax import train as train_lib  # defines --workdir and the distributed flags this command shares
 from bert_jax.input_pipeline import config as input_config
 from bert_jax.input_pipeline import documents, plain_text, prepare
@@ -467,8 +468,10 @@ def main(argv):
         rows = compile_budget(f.budget, f.topology, f.num_slices, f.seed)
         print(json.dumps({"budget": f.budget, "topology": f.topology, "num_slices": f.num_slices, "rows": rows}))
         return
+    if not cli.verbose():
+        native_stderr.start()
     if f.coordinator_address or f.distributed:
-        jax.distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
+        pod.start(f.coordinator_address, f.num_processes, f.process_id, config_lib.PEER_TIMEOUT_S)
     glue_source = f.glue if data_sources.tfds_name(f.glue) else input_config.resolve_path(f.glue)
     report = run(f.budget, f.workdir, f.corpus, glue_source, f.results_dir, f.seed, f.tfds_data_dir)
     summary = {name: row["points"][-1]["scores"]["glue_average"][0] for name, row in report["rows"].items()}

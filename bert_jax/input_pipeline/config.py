@@ -19,3 +19,18 @@ def resolve_path(path: storage.PathLike) -> storage.Path:
     else under the repository root."""
     p = storage.as_path(path)
     return p if storage.is_remote(p) or p.is_absolute() or p.exists() else storage.as_path(REPO_ROOT) / p
+
+
+def masking_rates(masking) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """(first steps, rates) of masking.rate_schedule ("STEP:RATE,..."), or ((0,), (masking.rate,)) without one."""
+    if not masking.rate_schedule:
+        return (0,), (masking.rate,)
+    pairs = [item.split(":") for item in masking.rate_schedule.split(",")]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ValueError("each item must be STEP:RATE")
+    steps, rates = tuple(int(step) for step, _ in pairs), tuple(float(rate) for _, rate in pairs)
+    if steps[0] != 0 or list(steps) != sorted(set(steps)):
+        raise ValueError("the steps must start at 0 and increase")
+    if not all(0.0 < rate < 1.0 for rate in rates):
+        raise ValueError("every rate must be in (0, 1)")
+    return steps, rates

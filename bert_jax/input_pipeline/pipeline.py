@@ -52,7 +52,7 @@ def validate(config: ml_collections.ConfigDict, process_count: int) -> None:
     require(mask.dupe_factor >= 1, "masking.dupe_factor", "must be >= 1")
     require(0.0 < mask.rate < 1.0, "masking.rate", "must be in (0, 1)")
     try:
-        masking_rates(mask)
+        config_lib.masking_rates(mask)
     except ValueError as e:
         require(False, "masking.rate_schedule", f"{e}; write STEP:RATE,STEP:RATE,... from step 0, e.g. "
                 "'0:0.3,1000:0.15,2000:0.05'")
@@ -62,21 +62,6 @@ def validate(config: ml_collections.ConfigDict, process_count: int) -> None:
     require(mask.mask_token_prob >= 0 and mask.random_token_prob >= 0
             and mask.mask_token_prob + mask.random_token_prob <= 1.0, "masking.random_token_prob",
             "mask_token_prob and random_token_prob must be >= 0 and sum to at most 1")
-
-
-def masking_rates(masking: ml_collections.ConfigDict) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """(first steps, rates) of masking.rate_schedule ("STEP:RATE,..."), or ((0,), (masking.rate,)) without one."""
-    if not masking.rate_schedule:
-        return (0,), (masking.rate,)
-    pairs = [item.split(":") for item in masking.rate_schedule.split(",")]
-    if any(len(pair) != 2 for pair in pairs):
-        raise ValueError("each item must be STEP:RATE")
-    steps, rates = tuple(int(step) for step, _ in pairs), tuple(float(rate) for _, rate in pairs)
-    if steps[0] != 0 or list(steps) != sorted(set(steps)):
-        raise ValueError("the steps must start at 0 and increase")
-    if not all(0.0 < rate < 1.0 for rate in rates):
-        raise ValueError("every rate must be in (0, 1)")
-    return steps, rates
 
 
 def host_files(files: list[storage.Path], process_index: int, process_count: int, key: str) -> list[storage.Path]:
@@ -133,7 +118,7 @@ class PretrainingPipeline:
         self.num_examples = self.examples.num_examples
         self.masker = masking.Masker(config.masking, self.tokenizer.special, self.tokenizer.vocab_size,
                                      self.tokenizer.word_start_table())
-        self.rate_steps, self.rates = masking_rates(config.masking)
+        self.rate_steps, self.rates = config_lib.masking_rates(config.masking)
 
     def copy_of_epoch(self, epochs):
         """Which mask/pair copy an epoch uses: e mod dupe_factor (static) or e itself (dynamic)."""

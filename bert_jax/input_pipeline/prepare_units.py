@@ -3,8 +3,10 @@ this machine) and the Beam one (`beam_prepare`, many machines).
 
 A unit is one input file or one even slice of a TFDS split, numbered in input order (`work_units`). `prepare_unit`
 writes its shards `k-PART.tfrecord` of at most docs_per_shard documents, each beside its name then renamed when
-whole, then its marker `k.done.json` with its counts and what it was made from; a rerun skips units whose marker
-matches. `summarize` sums the units' counts in unit order, whichever driver ran them in whichever order.
+whole, then its marker `k.done.json` with its counts, what it was made from and each shard's size and CRC32C; a
+rerun skips the units whose marker matches their input and settings and whose shards still match it (each shard is
+read once to check), and prepares the others again, so that rerunning the same command repairs a truncated or
+corrupted shard. `summarize` sums the units' counts in unit order, whichever driver ran them in whichever order.
 """
 from __future__ import annotations
 
@@ -74,50 +76,68 @@ def unit_files(output: storage.Path, prefix: str) -> list[storage.Path]:
 
 def prepare_unit(unit: dict) -> dict:
     """Tokenize one unit into its shards; returns its counts (read back from the marker if it was done before
-    from the same input and settings)."""
+    from the same input and settings, and its shards are still what it wrote)."""
     output, prefix = storage.as_path(unit["output"]), f"{unit['id']:05d}"
     marker, source = output / f"{prefix}.done.json", made_from(unit)
     if marker.exists():
         done = json.loads(marker.read_text())
-        if done.get("made_from") == source:
+        changed = changed_shard(output, done) if done.get("made_from") == source else "its input or settings"
+        if not changed:
             return done
+        logging.warning("prepare: unit %d (%s) is prepared again: %s changed since %s", unit["id"], unit_name(unit),
+                        changed, marker)
         marker.unlink()  # first: its old shards must never count as done with new ones
     for stale in unit_files(output, prefix):
         stale.unlink()
     tokenizer = tokenizers.load_tokenizer(unit["tokenizer_kind"], unit["tokenizer"], unit["lowercase"])
     counts = documents.new_counts()
     try:
-        shards = write_shards(output, prefix, documents.tokenize_documents(unit_documents(unit, counts), tokenizer,
-                                                                           counts), unit["docs_per_shard"])
+        files = write_shards(output, prefix, documents.tokenize_documents(unit_documents(unit, counts), tokenizer,
+                                                                          counts), unit["docs_per_shard"])
     except documents.UnreadableFileError as e:  # counted and named; no marker, so that a rerun tries it again
         logging.warning("%s; skipped (counted)", e)
         for partial in unit_files(output, prefix):
             partial.unlink()
         counts = documents.new_counts()
         counts.note("unreadable_files", str(e))
-        return unit_result(unit, counts, 0, source)
-    result = unit_result(unit, counts, shards, source)
+        return unit_result(unit, counts, {}, source)
+    result = unit_result(unit, counts, files, source)
     storage.atomic_write(marker, json.dumps(result))
     return result
 
 
-def write_shards(output: storage.Path, prefix: str, docs, docs_per_shard: int) -> int:
+def write_shards(output: storage.Path, prefix: str, docs, docs_per_shard: int) -> dict[str, dict]:
     """Write tokenized documents into shards `prefix-PART.tfrecord`, each written whole then renamed; returns
-    how many."""
+    {shard name: its size and CRC32C} (storage.fingerprint)."""
     records = (documents.serialize(*doc) for doc in docs)
-    shards = 0
+    files = {}
     for first in records:  # each shard takes its first record and up to docs_per_shard - 1 more from the stream
-        storage.write_records(output / f"{prefix}-{shards:04d}.tfrecord",
-                              itertools.chain([first], itertools.islice(records, docs_per_shard - 1)))
-        shards += 1
-    return shards
+        name = f"{prefix}-{len(files):04d}.tfrecord"
+        written = storage.write_records(output / name,
+                                        itertools.chain([first], itertools.islice(records, docs_per_shard - 1)))
+        files[name] = {"size": written["size"], "crc32c": written["crc32c"]}
+    return files
 
 
-def unit_result(unit: dict, counts: documents.Counts, shards: int, source: dict) -> dict:
-    """A unit's counts and where its skips happened (file:line where known, else the unit's input)."""
+def changed_shard(output: storage.Path, done: dict) -> str:
+    """What of a done unit's shards is missing or no longer what the unit wrote, in words ("" when nothing is):
+    each is read whole to compare its size and CRC32C with the marker's."""
+    for name, written in done.get("files", {}).items():
+        path = output / name
+        if not path.exists():
+            return f"{path} (missing)"
+        found = storage.fingerprint(path)
+        if found != written:
+            return f"{path} ({found['size']} bytes, {written['size']} written)"
+    return ""
+
+
+def unit_result(unit: dict, counts: documents.Counts, files: dict[str, dict], source: dict) -> dict:
+    """A unit's counts, where its skips happened (file:line where known, else the unit's input) and its shards
+    with their sizes and checksums."""
     name = unit_name(unit)
     where = {k: counts.where.get(k) or [name] for k in documents.SKIP_COUNTS if counts[k]}
-    return dict(counts, shards=shards, where=where, source=name, made_from=source)
+    return dict(counts, shards=len(files), where=where, source=name, made_from=source, files=files)
 
 
 def prepare_one(unit: dict) -> tuple[int, dict]:

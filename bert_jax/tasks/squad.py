@@ -146,12 +146,13 @@ def read_questions(source: str, split: str, version: str, tfds_data_dir: str | N
         rows = list(data_sources.tfds_rows(dataset, split, tfds_data_dir, f"{flag}={source}"))
         columns = {key: [row[key] for row in rows] for key in ROW_COLUMNS}
         return questions_of_rows(columns, f"{flag}=tfds:{dataset} split {split!r}")
+    repo, config = HUB[version]
+    data_sources.require_path(source, flag, data_sources.hub_download_command(repo, source))
     path = storage.as_path(source)
     if path.suffix == ".parquet":
         return read_parquet([path])
     if path.suffix == ".json":
         return questions_of(read_articles(path), str(path))
-    repo, config = HUB[version]
     if hub := data_sources.hub_config_folder(path, config):
         return read_parquet(data_sources.hub_split_files(hub, split))
     file = JSON_FILES[version][split]

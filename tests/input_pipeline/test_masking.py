@@ -179,6 +179,11 @@ def test_the_masking_rate_follows_its_schedule_by_step_and_resumes_by_step():
     np.testing.assert_allclose(rates, [0.3, 0.3, 0.15, 0.15, 0.05], atol=0.01)  # [CLS], [SEP] are never masked
     resumed = next(make_pretraining_dataset(config, start_step=3))
     assert all(np.array_equal(resumed[k], batches[3][k]) for k in resumed)
+    from bert_jax.train import pretraining_batch_metrics  # and metrics.jsonl logs the rate of each step
+
+    logged = [float(pretraining_batch_metrics(b, step, masking=config.masking)["masking_rate"])
+              for step, b in enumerate(batches)]
+    np.testing.assert_allclose(logged, [0.3, 0.3, 0.15, 0.15, 0.05])
 
 
 @pytest.mark.parametrize("schedule", ["0.3", "1:0.3", "0:0.3,0:0.2", "0:1.5"])

@@ -11,8 +11,9 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import config_lib
+from bert_jax import config_lib, storage
 from bert_jax.data_sources import DataSourceError
+from bert_jax.storage import StorageError
 from bert_jax.input_pipeline import documents, prepare
 from bert_jax.input_pipeline.config import REPO_ROOT
 from bert_jax.input_pipeline.pipeline import PretrainingPipeline
@@ -142,6 +143,17 @@ def test_shards_match_in_memory_tokenization_and_resume(tmp_path):
     assert prepare.prepare(job, num_workers=1) == totals
     assert {p: p.stat().st_mtime_ns for p in out.glob("00000-*.tfrecord")} == mtimes
     assert not list(out.glob(".*.tmp-*"))
+    # A shard damaged since (truncated, or one byte changed in place) no longer matches its marker: its unit is
+    # prepared again, to the same bytes; the pipeline's error for the damaged shard says to do so.
+    shards = {p: p.read_bytes() for p in out.glob("*.tfrecord")}
+    truncated, flipped = out / "00000-0001.tfrecord", out / "00001-0000.tfrecord"
+    truncated.write_bytes(shards[truncated][:100])
+    flipped.write_bytes(shards[flipped][:50] + bytes([shards[flipped][50] ^ 1]) + shards[flipped][51:])
+    with pytest.raises(StorageError, match=re.escape(f"{truncated}: corrupt or truncated TFRecord file; run the "
+                                                     "prepare command that wrote it again")):
+        list(storage.read_records(truncated))
+    assert prepare.prepare(job, num_workers=1) == totals
+    assert {p: p.read_bytes() for p in out.glob("*.tfrecord")} == shards
 
 
 def test_cli_in_parallel_with_summary(tmp_path):
