@@ -203,12 +203,12 @@ def compile_program(config: ml_collections.ConfigDict, topology: Topology, with_
 
 def out_of_memory_figures(message: str) -> dict:
     """XLA:TPU's refusal, e.g. "the total memory required for HLO temporaries (208.62G) exceeds available HBM
-    (95.74G)" or "Used 120.5G of 95.74G hbm", in GB."""
+    (95.74G)" or "Used 1.02T of 95.74G hbm", in GB."""
     figures = {"message": message.splitlines()[0][:400]}
-    needed = re.search(r"\(([\d.]+)([GMK])\) exceeds available HBM \(([\d.]+)([GMK])\)", message) or re.search(
-        r"Used ([\d.]+)([GMK]) of ([\d.]+)([GMK]) hbm", message)
+    needed = re.search(r"\(([\d.]+)([TGMK])\) exceeds available HBM \(([\d.]+)([TGMK])\)", message) or re.search(
+        r"Used ([\d.]+)([TGMK]) of ([\d.]+)([TGMK]) hbm", message)
     if needed:
-        scale = {"G": GB, "M": 2 ** 20, "K": 2 ** 10}
+        scale = {"T": 2 ** 40, "G": GB, "M": 2 ** 20, "K": 2 ** 10}
         figures["needed_gb"] = float(needed.group(1)) * scale[needed.group(2)] / GB
         figures["hbm_gb"] = float(needed.group(3)) * scale[needed.group(4)] / GB
     return figures
@@ -233,7 +233,8 @@ def report(compiled: Compiled) -> dict:
             "state_gb": state_bytes_per_chip(compiled.program.abstract_state) / GB}
     if compiled.step is None:
         oom = compiled.out_of_memory
-        return {**base, "fits": False, "per_chip_gb": oom.get("needed_gb"), "compiler_says": oom["message"]}
+        return {**base, "fits": False, "per_chip_gb": oom.get("needed_gb"), "hbm_gb": oom.get("hbm_gb", hbm / GB),
+                "compiler_says": oom["message"]}
     memory = compiled.step.memory_analysis()
     total = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
              + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
