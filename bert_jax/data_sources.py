@@ -113,17 +113,15 @@ def tfds_rows(name: str, split: str, data_dir: str | None, where: str) -> Iterat
     return tfds_builder(name, data_dir, where, split).as_dataset(split=split).as_numpy_iterator()
 
 
-def require_path(source: str, flag: str, fetch_command: str) -> None:
-    """Raise, naming the path, when `source` does not exist: a misspelled folder gets the closest name beside it
-    (and no advice to download into the misspelling), a missing one the command that fetches the data."""
+def reject_misspelled_path(source: str, flag: str) -> None:
+    """Raise, naming the path and the closest name beside it, when `source` does not exist but something close does:
+    advice to download into a misspelled folder would fill the wrong one. A path with nothing close is left to the
+    caller's own missing-data line, which names the commands that fetch the data."""
     path = storage.as_path(source)
-    if path.exists():
+    if path.exists() or not path.parent.is_dir():
         return
-    parent = path.parent
-    beside = [p.name for p in parent.iterdir()] if parent.is_dir() else []
-    close = difflib.get_close_matches(path.name, beside, n=1)
-    hint = f"did you mean {parent / close[0]}?" if close else f"download the data: {fetch_command}"
-    raise DataSourceError(f"{flag}={source}: no such file or folder; {hint}")
+    if close := difflib.get_close_matches(path.name, [p.name for p in path.parent.iterdir()], n=1):
+        raise DataSourceError(f"{flag}={source}: no such file or folder; did you mean {path.parent / close[0]}?")
 
 
 def hub_config_folder(root: storage.PathLike, config: str) -> storage.Path | None:

@@ -111,8 +111,8 @@ def test_a_misspelled_folder_is_named_with_the_closest_one_beside_it(tmp_path):
     with pytest.raises(DataSourceError, match=re.escape(f"--config.data_dir={tmp_path}/RTEE: no such file or folder; "
                                                          f"did you mean {tmp_path}/RTE?")):
         glue.load_split(glue.get_task("rte"), "train", str(tmp_path / "RTEE"))
-    with pytest.raises(DataSourceError, match="glue/MRPC: no such file or folder; download the data: hf download "
-                                              "nyu-mll/glue"):
+    with pytest.raises(glue.GlueDataError, match="glue/MRPC: no GLUE MRPC data there .*; download it: hf download "
+                                                 "nyu-mll/glue"):
         glue.load_split(glue.get_task("mrpc"), "train", str(tmp_path / "glue" / "MRPC"))
 
 

@@ -223,8 +223,7 @@ def load_split(task: Task, split: str, data_dir: str, tfds_data_dir: str | None 
         return [read_parquet(task, data_sources.hub_split_files(hub, s), split != "test")
                 for s in split_names(task, split)]
     names = {"train": ("train",), "dev": task.dev_files, "test": task.test_files}[split]
-    data_sources.require_path(data_dir, flag, data_sources.hub_download_command("nyu-mll/glue", data_dir,
-                                                                                f"{task.tfds_name}/*"))
+    data_sources.reject_misspelled_path(data_dir, flag)
     folder = storage.as_path(data_dir)
     if not (folder / f"{names[0]}.tsv").exists() and not (folder / "train.tsv").exists():
         raise missing_data(task, data_dir, flag, tfds_data_dir)

@@ -147,7 +147,7 @@ def read_questions(source: str, split: str, version: str, tfds_data_dir: str | N
         columns = {key: [row[key] for row in rows] for key in ROW_COLUMNS}
         return questions_of_rows(columns, f"{flag}=tfds:{dataset} split {split!r}")
     repo, config = HUB[version]
-    data_sources.require_path(source, flag, data_sources.hub_download_command(repo, source))
+    data_sources.reject_misspelled_path(source, flag)
     path = storage.as_path(source)
     if path.suffix == ".parquet":
         return read_parquet([path])
