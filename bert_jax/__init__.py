@@ -1,8 +1,4 @@
 """bert_jax: BERT, RoBERTa, ALBERT, ELECTRA and ModernBERT in JAX/Flax."""
-from bert_jax import cpu_backend
-
-cpu_backend.configure()  # before JAX starts a backend: on the CPU, malloc keeps freed memory (see cpu_backend)
-
 __all__ = ["Pretrained", "load_pretrained", "save_pretrained"]
 
 
