@@ -101,8 +101,7 @@ def fail(line: str) -> NoReturn:
     """End the command with its error line and exit code 1; in a run over several processes, the others too."""
     if pod.running():
         pod.end_together(line)
-    native_stderr.tell(ended=True)
-    print(line, file=sys.stderr)
+    native_stderr.say_last(line)
     end_process(1)
 
 
@@ -119,6 +118,7 @@ def end_process(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken pipe must not keep the process alive
             stream.flush()
+    native_stderr.finish()
     os._exit(code)
 
 

@@ -12,6 +12,7 @@ and the last committed checkpoint, which the command keeps it told of (`tell`).
 """
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import io
 import json
@@ -23,13 +24,14 @@ import sys
 STATUS_MARK = "\x1ebert_jax-status "  # a line the command writes to the child: JSON of what a fatal line names
 FATAL = re.compile(r"^F\d{4} \S+\s+\d+ \S+:\d+\] (.*)")  # absl's fatal record: F1205 03:44:08.98 7115 client.h:80]
 CRASH = re.compile(r"^(Fatal Python error: .*)")  # what faulthandler writes for a segfault or an abort
-_started = False
+FINISH_WAIT_S = 1.0  # how long an ending process waits for the child to print its line
+_child: subprocess.Popen | None = None
 
 
 def start() -> None:
     """Route this process's native stderr through the child; Python's output keeps the original stderr."""
-    global _started
-    if _started:
+    global _child
+    if _child is not None:
         return
     sys.stderr.flush()
     original = os.dup(2)
@@ -43,7 +45,7 @@ def start() -> None:
     python_stderr = io.TextIOWrapper(os.fdopen(original, "wb", buffering=0), encoding="utf-8",
                                      errors="backslashreplace", line_buffering=True, write_through=True)
     swap_python_stderr(python_stderr)
-    _started = True
+    _child = child
 
 
 def swap_python_stderr(stream) -> None:
@@ -61,10 +63,33 @@ def swap_python_stderr(stream) -> None:
 
 
 def tell(**status) -> None:
-    """What the child's line names if the runtime ends this process: process, committed, peer_timeout_s; ended=True
-    once the process has printed its own line (the child then adds none)."""
-    if _started:
+    """What the child's line names if the runtime ends this process: process, committed, peer_timeout_s."""
+    if _child is not None:
         os.write(2, (STATUS_MARK + json.dumps(status) + "\n").encode())
+
+
+def say_last(line: str) -> None:
+    """Print the process's closing line. Through the child when it runs, in the same write that tells it the process
+    has its line: the runtime may abort the process at any moment now (its peer is gone), and a line printed here
+    and then announced, or announced and then printed, could come out twice or not at all."""
+    bars = getattr(sys.modules.get("tqdm"), "tqdm", None)
+    on_a_bar = bool(bars and getattr(bars, "_instances", None))  # a progress bar's line ends without a newline
+    if _child is not None:
+        os.write(2, (STATUS_MARK + json.dumps({"ended": "\n" * on_a_bar + line}) + "\n").encode())
+    else:
+        sys.stderr.write("\n" * on_a_bar + line + "\n")
+        sys.stderr.flush()
+
+
+def finish() -> None:
+    """Before the process exits: end the child's input and let it print what it holds, so that the closing line
+    comes out before the process has ended (before the shell's prompt, not after it)."""
+    if _child is None:
+        return
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 2)  # the last write end of the child's input, unless a subprocess
+    with contextlib.suppress(subprocess.TimeoutExpired):  # of this one holds another: then the child prints later
+        _child.wait(timeout=FINISH_WAIT_S)
 
 
 def fatal_line(record: list[str], status: dict) -> str:
@@ -109,6 +134,10 @@ def main() -> None:
         line = raw.decode("utf-8", "replace").rstrip("\n")
         if line.startswith(STATUS_MARK):
             status.update(json.loads(line[len(STATUS_MARK):]))
+            if "ended" in status and status["ended"] is not True:
+                sys.stdout.write(status["ended"] + "\n")
+                sys.stdout.flush()
+                status["ended"] = True
         elif record or FATAL.match(line) or CRASH.match(line):
             record.append(line)
     if record and not status.get("ended"):

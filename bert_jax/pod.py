@@ -107,8 +107,7 @@ def end_now(line: str) -> NoReturn:
     made it end), and in a run over several processes the others too."""
     if _pod is not None:
         end_together(line)
-    native_stderr.tell(ended=True)
-    say(line)
+    native_stderr.say_last(line)
     _exit(1)
 
 
@@ -116,8 +115,7 @@ def end_together(line: str) -> NoReturn:
     """Print `line`, tell the other processes, and end this one (exit code 1) without the shutdown barrier."""
     pod = _pod
     pod.ending.acquire()  # one line per process: a second thread that wants to end waits here for the exit
-    native_stderr.tell(ended=True)  # if the runtime ends this process while it tells the others: no second line
-    say(line)
+    native_stderr.say_last(line)  # if the runtime ends this process while it tells the others: no second line
     message = line.removeprefix("error: ")
     for key, value in ((ERROR_KEY, f"process {pod.process}: {message}"), (f"{ENDED_KEY}{pod.process}", "")):
         try:
@@ -157,17 +155,11 @@ def _watch() -> None:
         return
 
 
-def say(line: str) -> None:
-    """Print on stderr, on a line of its own when the loop's progress bar is on the screen."""
-    import tqdm
-
-    tqdm.tqdm.write(line, file=sys.stderr)
-
-
 def _exit(code: int) -> NoReturn:
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except Exception:  # noqa: BLE001 - a closed pipe must not keep the process alive
             pass
+    native_stderr.finish()
     os._exit(code)

@@ -99,6 +99,24 @@ def test_the_runtimes_fatal_records_become_one_line(record, why):
                     "every process) to resume from it")
 
 
+@pytest.mark.parametrize("closing_line", [None, "error: process 1 lost process 0 in a collective at step 4 (...)"])
+def test_one_line_whether_the_runtime_aborts_before_or_after_the_commands_own(closing_line):
+    """The child of native_stderr prints the command's closing line at once, and then no fatal line: the runtime
+    may abort the process right after the command's line, or right before it (then only the fatal line)."""
+    from bert_jax import native_stderr
+
+    mark = native_stderr.STATUS_MARK
+    fed = [f'{mark}{{"process": 1, "committed": 2}}']
+    fed += [f'{mark}{{"ended": "{closing_line}"}}'] if closing_line else []
+    fed += ["F1205 04:44:08.989093    7115 client.h:80] Terminating process because the JAX distributed service "
+            "detected fatal errors. ... the leader task was preempted/died/restarted unexpectedly", "*** Check"]
+    child = subprocess.run([sys.executable, "-m", "bert_jax.native_stderr"], input="\n".join(fed) + "\n",
+                           capture_output=True, text=True, check=True)
+    assert child.stdout.splitlines() == [closing_line or (
+        "error: process 1: process 0 stopped answering (it runs the coordination service every process needs); the "
+        "last committed checkpoint is step 2: rerun the same command (on every process) to resume from it")]
+
+
 def stand_in_command(port: str, process_id: int, fault: str) -> None:
     """A command that syncs the two processes every step, as training does, and says which step it finished."""
     import numpy as np
