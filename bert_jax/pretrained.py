@@ -136,8 +136,13 @@ class Pretrained:
         follow the checkpoint's `pooling` ([CLS], not normalized, when it has none)."""
         rule = sentence_embedding.overridden(self.pooling, pooling, normalize)
         texts = list(texts)
-        vectors = [self._pool(texts[i:i + batch_size], rule) for i in range(0, len(texts), batch_size)]
-        return np.concatenate(vectors) if vectors else np.zeros((0, self.config.hidden_size), np.float32)
+        if not texts:
+            return np.zeros((0, self.config.hidden_size), np.float32)
+        # Longest first, as sentence-transformers' encode batches them: each batch pads to lengths alike.
+        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
+        vectors = np.concatenate([self._pool([texts[i] for i in order[start:start + batch_size]], rule)
+                                  for start in range(0, len(texts), batch_size)])
+        return vectors[np.argsort(order)]
 
     def _pool(self, texts: list[str], pooling: sentence_embedding.Pooling) -> np.ndarray:
         inputs = self.tokenize(texts)
