@@ -47,7 +47,6 @@ PRESETS = [("bert", "base", 128), ("bert", "base", 512), ("bert", "large", 128),
            ("modernbert", "base", 1024), ("modernbert", "base", 8192), ("modernbert", "large", 1024),
            ("modernbert", "large", 8192)]
 TOPOLOGIES = ["v5p-8", "v5e-8", "v5p-64"]
-HBM_MARGIN = 0.92  # of the chip's HBM the prediction aims at: the temporaries do not grow exactly linearly
 PROBE_TOKENS = 32 * 512  # per chip, at the probe compile
 
 
@@ -80,15 +79,6 @@ def compile_row(family, size, seq, topology, batch_per_chip) -> dict:
     return row
 
 
-def predicted_largest_batch(row: dict) -> int:
-    """The batch per chip that fills HBM_MARGIN of the chip by the memory of a compiled row, taken as fixed (state)
-    + per-example (the temporaries, which scale with the batch); a multiple of 8 from 16 on."""
-    fixed = row["per_chip_gb"] - row["temp_gb"]
-    per_example = row["temp_gb"] / row["batch_per_chip"]
-    predicted = int((HBM_MARGIN * row["hbm_gb"] - fixed) / per_example)
-    return predicted // 8 * 8 if predicted >= 16 else predicted
-
-
 def largest_batch(family, size, seq, topology) -> dict:
     """The row of the largest batch per chip found to fit (see the module docstring)."""
     probe = max(1, PROBE_TOKENS // seq)
@@ -102,7 +92,7 @@ def largest_batch(family, size, seq, topology) -> dict:
 def confirmed_largest(family, size, seq, topology, row: dict) -> dict:
     """From a compiled row that fits: the row of the batch its memory predicts, compiled (or of 85% of it when the
     compiler refuses that), or `row` itself when neither is larger or fits."""
-    predicted = predicted_largest_batch(row)
+    predicted = compile_check.predicted_largest_batch(row)
     for batch in (predicted, int(predicted * 0.85)):
         if batch <= row["batch_per_chip"]:
             break
@@ -123,11 +113,11 @@ def markdown(rows: list[dict]) -> str:
             continue
         batch = f"{row['batch_per_chip']:g}"
         if row.get("batch_given"):
-            batch += f" (given; memory predicts {predicted_largest_batch(row)})"
+            batch += f" (given; memory predicts {compile_check.predicted_largest_batch(row)})"
         timing = "no estimate (the cost model's time is negative) | | |"
         if row["est_step_s"]:
             timing = f"{row['est_step_s'] * 1e3:.0f} ms | {row['est_mfu']:.2f} | {row['paper_days']:.2g} |"
-        lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.0f} GB | {row['attention']} | "
+        lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.1f} GB | {row['attention']} | "
                      + timing)
     return "\n".join(lines)
 

@@ -52,15 +52,17 @@ class DoesNotFit(UserError):
 class Chip:
     """One TPU generation, as Cloud TPU's published specifications give it per chip."""
 
-    hbm_gib: float
+    hbm_gib: float  # as published (the topology table of docs/tpu.md)
+    hbm_gb: float  # what XLA:TPU lets a program use, as its refusals say (libtpu 0.0.42.1): the fit is against it
     peak_flops: float  # dense bfloat16 FLOP/s
+    clock_hz: float  # the peak over the MXUs' FLOPs a cycle: turns the compiler's per-instruction cycles into time
     torus_dims: int  # v4 and v5p: an X x Y x Z torus of chips; v5e and v6e: X x Y
     name_counts_cores: bool  # v4-N and v5p-N count TensorCores (two a chip); v5e-N and v6e-N count chips
     chip_config: str = "default"  # how libtpu presents a chip: v4's two TensorCores as one device is "megacore"
 
 
-CHIPS = {"v4": Chip(32, 275e12, 3, True, "megacore"), "v5p": Chip(95, 459e12, 3, True),
-         "v5e": Chip(16, 197e12, 2, False), "v6e": Chip(32, 918e12, 2, False)}
+CHIPS = {"v4": Chip(32, 30.75, 275e12, 1.05e9, 3, True, "megacore"), "v5p": Chip(95, 95.74, 459e12, 1.75e9, 3, True),
+         "v5e": Chip(16, 15.75, 197e12, 1.5e9, 2, False), "v6e": Chip(32, 31.25, 918e12, 1.75e9, 2, False)}
 _SLICE = re.compile(r"^(v4|v5p|v5e|v6e)-(\d+)$")
 _GRID = re.compile(r"^(v4|v5p|v5e|v6e):(\d+(?:x\d+)+)$")
 
@@ -202,15 +204,18 @@ def compile_program(config: ml_collections.ConfigDict, topology: Topology, with_
 
 
 def out_of_memory_figures(message: str) -> dict:
-    """XLA:TPU's refusal, e.g. "the total memory required for HLO temporaries (208.62G) exceeds available HBM
-    (95.74G)" or "Used 1.02T of 95.74G hbm", in GB."""
+    """XLA:TPU's refusal in GB, in any unit it prints: "the total memory required for HLO temporaries (1.33T)
+    exceeds available HBM (95.74G)" gives the temporaries ("temp_gb"), "Used 1.02T of 95.74G hbm" the whole need
+    ("needed_gb"); both give the HBM the compiler lets a program use ("hbm_gb")."""
     figures = {"message": message.splitlines()[0][:400]}
-    needed = re.search(r"\(([\d.]+)([TGMK])\) exceeds available HBM \(([\d.]+)([TGMK])\)", message) or re.search(
-        r"Used ([\d.]+)([TGMK]) of ([\d.]+)([TGMK]) hbm", message)
-    if needed:
-        scale = {"T": 2 ** 40, "G": GB, "M": 2 ** 20, "K": 2 ** 10}
-        figures["needed_gb"] = float(needed.group(1)) * scale[needed.group(2)] / GB
-        figures["hbm_gb"] = float(needed.group(3)) * scale[needed.group(4)] / GB
+    scale = {"T": 2 ** 40, "G": GB, "M": 2 ** 20, "K": 2 ** 10}
+    for key, pattern in (("temp_gb", r"\(([\d.]+)([TGMK])\) exceeds available HBM \(([\d.]+)([TGMK])\)"),
+                         ("needed_gb", r"Used ([\d.]+)([TGMK]) of ([\d.]+)([TGMK]) hbm")):
+        found = re.search(pattern, message)
+        if found:
+            figures[key] = float(found.group(1)) * scale[found.group(2)] / GB
+            figures["hbm_gb"] = float(found.group(3)) * scale[found.group(4)] / GB
+            break
     return figures
 
 
@@ -223,7 +228,7 @@ def state_bytes_per_chip(abstract_state) -> int:
 def report(compiled: Compiled) -> dict:
     """The figures of the module docstring, per chip, as one JSON-able dict (keys documented in docs/tpu.md)."""
     config, topology, chip = compiled.config, compiled.topology, compiled.topology.chip
-    hbm = chip.hbm_gib * GB
+    hbm = chip.hbm_gb * GB
     base = {"topology": topology.name, "num_slices": topology.num_slices, "chips": topology.chips,
             "hosts": topology.hosts, "mesh": dict(compiled.mesh.shape), "batch": config.data.batch_size,
             "batch_per_chip": config.data.batch_size / topology.chips, "seq_length": config.data.seq_length,
@@ -232,9 +237,8 @@ def report(compiled: Compiled) -> dict:
             "hbm_gb": hbm / GB, "compile_s": round(compiled.compile_seconds, 1),
             "state_gb": state_bytes_per_chip(compiled.program.abstract_state) / GB}
     if compiled.step is None:
-        oom = compiled.out_of_memory
-        return {**base, "fits": False, "per_chip_gb": oom.get("needed_gb"), "hbm_gb": oom.get("hbm_gb", hbm / GB),
-                "compiler_says": oom["message"]}
+        return {**base, **refused_memory(compiled.out_of_memory, base["state_gb"]), "fits": False,
+                "compiler_says": compiled.out_of_memory["message"]}
     memory = compiled.step.memory_analysis()
     total = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
              + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
@@ -259,6 +263,30 @@ def report(compiled: Compiled) -> dict:
             "donated": audit.donated_inputs(hlo) == len(jax.tree.leaves(compiled.program.abstract_state)),
             "cycle_shares": cycle_shares(hlo),
             "eval_compiled": compiled.evaluate is not None}
+
+
+def refused_memory(figures: dict, state_gb: float) -> dict:
+    """Per-chip memory of a step the compiler refused, from its figures: the whole need and the temporaries (the
+    part that scales with the batch), each from the other and the state where the refusal names only one."""
+    memory = {"hbm_gb": figures["hbm_gb"]} if "hbm_gb" in figures else {}
+    if "temp_gb" in figures:
+        return {**memory, "temp_gb": figures["temp_gb"], "per_chip_gb": figures["temp_gb"] + state_gb}
+    if "needed_gb" in figures:
+        return {**memory, "temp_gb": figures["needed_gb"] - state_gb, "per_chip_gb": figures["needed_gb"]}
+    return {**memory, "temp_gb": None, "per_chip_gb": None}
+
+
+HBM_MARGIN = 0.92  # of the chip's HBM a predicted batch aims at: the temporaries do not grow exactly linearly
+
+
+def predicted_largest_batch(row: dict) -> int:
+    """The batch per chip that fills HBM_MARGIN of the chip by a compiled (or refused) row's memory, taken as fixed
+    (state) + per-example (the temporaries, which scale with the batch); a multiple of 8 from 16 on, 0 when not
+    even one example is predicted to fit."""
+    fixed = row["per_chip_gb"] - row["temp_gb"]
+    per_example = row["temp_gb"] / row["batch_per_chip"]
+    predicted = max(0, int((HBM_MARGIN * row["hbm_gb"] - fixed) / per_example))
+    return predicted // 8 * 8 if predicted >= 16 else predicted
 
 
 def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_flops: float,
@@ -409,17 +437,23 @@ def attention_on(mesh, config) -> str:
 
 
 def overshoot_message(row: dict, config) -> str:
-    """The one line for a step that does not fit, with the knobs that shrink it."""
-    knobs = [f"a smaller config.data.batch_size (now {config.data.batch_size}, {row['batch_per_chip']:g} a chip)"]
+    """The one line for a step that does not fit: the overshoot in GB against the compiler's HBM, and only the knobs
+    that shrink this config's memory (scanning multiplies the temporaries without remat: x3.9 for BERT-base)."""
+    fits = predicted_largest_batch(row) if row.get("temp_gb") else 0
+    knobs = [f"config.data.batch_size={fits * row['chips']} ({fits} a chip, what its memory per example fits; now "
+             f"{row['batch_per_chip']:g})" if fits else
+             f"a smaller config.data.batch_size (now {row['batch_per_chip']:g} a chip)"]
     if config.model.remat_policy == "none":
         knobs.append("config.model.remat_policy=dots or full (recompute activations in the backward pass)")
-    if config.mesh.fsdp == 1:
-        knobs.append("config.mesh.fsdp=-1 (split parameters and optimizer state over the chips)")
-    if not config.model.scan_layers and families.of(config.model).scans_layers:
-        knobs.append("config.model.scan_layers=true (one layer's temporaries at a time)")
-    needed = f"{row['per_chip_gb']:.1f} GB" if row.get("per_chip_gb") else "more than its HBM"
-    return (f"does not fit: the step needs {needed} per chip on {row['topology']}, whose chips have "
-            f"{row['hbm_gb']:.1f} GB of HBM (the compiler's count); try {'; '.join(knobs)}")
+    elif not config.model.scan_layers and families.of(config.model).scans_layers:
+        knobs.append("config.model.scan_layers=true (with remat, one layer's saved activations at a time)")
+    if config.mesh.fsdp == 1 and row["chips"] > 1 and row["per_chip_gb"] and row["state_gb"] > row["per_chip_gb"] / 2:
+        knobs.append(f"config.mesh.fsdp=-1 (parameters and optimizer state, {row['state_gb']:.1f} GB, split over "
+                     f"the chips)")
+    needed = (f"{row['per_chip_gb']:.1f} GB, {row['per_chip_gb'] - row['hbm_gb']:.1f} GB more than the "
+              f"{row['hbm_gb']:.2f} GB" if row.get("per_chip_gb") else f"more than the {row['hbm_gb']:.2f} GB")
+    return (f"does not fit: the step needs {needed} of HBM the compiler allows a chip on {row['topology']}; "
+            f"try {'; '.join(knobs)}")
 
 
 def print_report(row: dict) -> None:
@@ -428,7 +462,7 @@ def print_report(row: dict) -> None:
           f"{row['mesh']}; batch {row['batch']} x {row['seq_length']} ({row['batch_per_chip']:g} a chip), "
           f"{row['dtype']}, remat {row['remat_policy']}, scan {row['scan_layers']}, {row['attention']} attention; "
           f"compiled in {row['compile_s']} s")
-    if not row["fits"] and "temp_gb" not in row:
+    if "compiler_says" in row:
         print(f"memory per chip: does not fit ({row['compiler_says']})")
         return
     print(f"memory per chip: parameters + optimizer state {row['state_gb']:.2f} GB, temporaries (activations) "
