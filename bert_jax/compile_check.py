@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from bert_jax import cli, config_lib, families, flops, sharding, train
+from bert_jax import cli, families, flops, sharding, train
 from bert_jax import sharding_audit as audit
 from bert_jax.errors import UserError
 from bert_jax.config_lib import generator_config
@@ -245,15 +245,16 @@ def report(compiled: Compiled) -> dict:
     cost = compiled.step.cost_analysis()
     hlo = compiled.step.as_text()
     kernel_flops = splash_flops(hlo, config, compiled.mesh)
-    compiler_seconds, hlo_flops, method = compiler_cost(compiled, cost)
+    compiler_seconds, hlo_flops, factor, cycle_seconds = compiler_cost(hlo, cost, chip)
+    method = "as compiled" if factor == 1 else f"while-loop bodies counted per iteration (x{factor:.2f})"
     model_flops = flops.train_step_flops(config) / topology.chips
-    timing = step_estimates(config, topology, compiler_seconds, kernel_flops, model_flops)
+    timing = step_estimates(config, topology, compiler_seconds, kernel_flops, model_flops, cycle_seconds)
     stats = audit.collective_stats(hlo)
     ideal = audit.ideal_bytes(config, compiled.mesh, compiled.program.state_shardings["params"],
                               compiled.program.abstract_state["params"])
     return {**base, "fits": total <= hbm, "per_chip_gb": total / GB, "temp_gb": memory.temp_size_in_bytes / GB,
             "arguments_gb": memory.argument_size_in_bytes / GB, "hlo_flops": hlo_flops, "splash_flops": kernel_flops,
-            "model_flops": model_flops, "compiler_step_s": compiler_seconds,
+            "model_flops": model_flops, "compiler_step_s": compiler_seconds, "loop_factor": factor,
             "estimate": method if timing["est_step_s"] else f"none: XLA:TPU's cost model gave {compiler_seconds:.3g} s",
             **timing, "total_steps": config.total_steps,
             "collectives": {kind: entry for kind, entry in stats.items() if entry["count"]},
@@ -290,19 +291,23 @@ def predicted_largest_batch(row: dict) -> int:
 
 
 def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_flops: float,
-                   model_flops: float) -> dict:
+                   model_flops: float, cycle_seconds: float = 0.0) -> dict:
     """The estimated step time (the compiler's plus the splash kernels' FLOPs at peak) and what follows from it:
-    MFU, tokens per second a chip, days for config.total_steps, the kernels' share. All None where the compiler's
-    own time is not positive: without a TPU, libtpu 0.0.42.1's cost model returns negative seconds for every step
-    compiled for v4, v5e or v6e (v5p's are positive)."""
+    MFU, tokens per second a chip, days for config.total_steps, the kernels' share; beside it the step at the sum
+    of the compiler's per-instruction cycles (the slow end of the range; the MFU is the first's). All None where
+    the compiler's own time is not positive: without a TPU, libtpu 0.0.42.1's cost model returns negative seconds
+    for every step compiled for v4, v5e or v6e (v5p's are positive)."""
     peak = topology.chip.peak_flops
     if compiler_seconds <= 0:
-        return dict.fromkeys(("est_step_s", "est_mfu", "est_tokens_per_s_per_chip", "est_days", "splash_share"))
+        return dict.fromkeys(("est_step_s", "est_mfu", "est_tokens_per_s_per_chip", "est_days", "splash_share",
+                              "est_step_cycles_s", "est_mfu_cycles"))
     step_seconds = compiler_seconds + kernel_flops / peak
+    cycles_step = cycle_seconds + kernel_flops / peak
     return {"est_step_s": step_seconds, "est_mfu": model_flops / (step_seconds * peak),
             "est_tokens_per_s_per_chip": config.data.batch_size * config.data.seq_length / topology.chips
             / step_seconds,
-            "est_days": config.total_steps * step_seconds / 86400, "splash_share": kernel_flops / peak / step_seconds}
+            "est_days": config.total_steps * step_seconds / 86400, "splash_share": kernel_flops / peak / step_seconds,
+            "est_step_cycles_s": cycles_step, "est_mfu_cycles": model_flops / (cycles_step * peak)}
 
 
 _SPLASH_CALL = re.compile(r"^\s*(?:ROOT )?%(splash_mha|flash_dropout)_(fwd|dkv|dq|bwd)\w*(?:\.\d+)? = ")
@@ -346,50 +351,35 @@ _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
-def loop_factor(hlo_text: str) -> float:
-    """How much XLA's cost analysis undercounts a step with loops: it costs a while body once, not once per
-    iteration. The compiler's per-instruction cycle estimates summed with every computation counted as often as it
-    runs, over the same sum counted once; 1 without loops. A rough scale (the two cost models weigh the loop body
-    differently): compiler_cost uses it only for loops other than scanned layers (gradient accumulation)."""
+def cycle_lines(hlo_text: str):
+    """(line, its compiler-estimated cycles, the times it runs a step, whether it is a matmul) for every instruction
+    that carries an estimate: a while body's run as often as its loop's trip count (audit.computation_runs)."""
     module = audit.computations(hlo_text)
     runs = audit.computation_runs(module)
-    once = every = 0
+    matmul_computations = {name for name, (_, lines) in module.items() if any(" convolution(" in x for x in lines)}
     for name, (_, lines) in module.items():
-        cycles = sum(int(found.group(1)) for found in map(_CYCLES.search, lines) if found)
-        once += cycles
-        every += cycles * runs(name)
-    return every / once if once else 1.0
+        for line in lines:
+            cycles = _CYCLES.search(line)
+            if cycles:
+                callee = re.search(r"calls=%([\w.\-]+)", line)
+                matmul = "kind=kOutput" in line or bool(callee and callee.group(1) in matmul_computations)
+                yield line, int(cycles.group(1)), runs(name), matmul
 
 
-def shallow(config: ml_collections.ConfigDict, layers: int) -> ml_collections.ConfigDict:
-    """`config` with `layers` unscanned layers (ELECTRA's generator too); ALBERT keeps its one shared group."""
-    shallow_config = ml_collections.ConfigDict(config.to_dict())
-    model = shallow_config.model
-    model.num_hidden_groups = min(model.num_hidden_groups, layers) if model.num_hidden_groups > 1 else 1
-    model.update(num_hidden_layers=layers, scan_layers=False)
-    if model.generator.hidden_size > 0:
-        model.generator.num_hidden_layers = layers
-    return config_lib.lock(shallow_config)
-
-
-def compiler_cost(compiled: Compiled, cost: dict) -> tuple[float, float, str]:
-    """(the compiler's step seconds, HLO FLOPs, how they were had). XLA's cost analysis costs a while body once, so
-    for scanned layers they come from the same step compiled unscanned with 1 and 2 layers: t(L) = t1 + (L - 1)
-    (t2 - t1), exact for identical layers. Other loops (gradient accumulation) are scaled by loop_factor."""
-    config = compiled.config
-    depth = config.model.num_hidden_layers
-    generator_depth = config.model.generator.num_hidden_layers
-    if config.model.scan_layers and depth > 2 and generator_depth in (0, depth):
-        one, two = (compile_program(shallow(config, layers), compiled.topology, with_eval=False).step.cost_analysis()
-                    for layers in (1, 2))
-        extrapolate = lambda key: one[key] + (depth - 1) * (two[key] - one[key])
-        seconds = min(one["optimal_seconds"], two["optimal_seconds"])  # not positive: no estimate (step_estimates)
-        if seconds > 0:
-            seconds = extrapolate("optimal_seconds")
-        return seconds, extrapolate("flops"), f"1 and 2 unscanned layers, x{depth}"
-    factor = loop_factor(compiled.step.as_text())
-    method = "as compiled" if factor == 1 else f"loops scaled by their share of cycles (x{factor:.2f})"
-    return cost["optimal_seconds"] * factor, cost.get("flops", 0.0) * factor, method
+def compiler_cost(hlo_text: str, cost: dict, chip: Chip) -> tuple[float, float, float, float]:
+    """(the compiler's step seconds, HLO FLOPs, the loops' factor on them, the step at its cycle sum). XLA's cost
+    analysis costs a while body once, not once per iteration, so a step with scanned layers (or gradient
+    accumulation) would look up to L times faster than it runs: its seconds are scaled by the per-instruction cycles
+    counted as the step runs them (a body times its trip count) over the same counted once, its FLOPs by the
+    matmuls' cycles so."""
+    every = once = matmul_every = matmul_once = 0
+    for _, cycles, runs, matmul in cycle_lines(hlo_text):
+        every, once = every + cycles * runs, once + cycles
+        if matmul:
+            matmul_every, matmul_once = matmul_every + cycles * runs, matmul_once + cycles
+    factor = every / once if once else 1.0
+    flops_factor = matmul_every / matmul_once if matmul_once else factor
+    return cost["optimal_seconds"] * factor, cost.get("flops", 0.0) * flops_factor, factor, every / chip.clock_hz
 
 
 def cycle_shares(hlo_text: str) -> dict[str, float]:
@@ -397,33 +387,25 @@ def cycle_shares(hlo_text: str) -> dict[str, float]:
     dropout, the optimizer update (outside the model's forward and backward), and everything else elementwise
     (softmax, activations, casts, copies), whose three largest sources (op names, layer numbers dropped) follow as
     "other: <name>". Pallas kernels and asynchronous collectives carry no estimate."""
-    module = audit.computations(hlo_text)
-    runs = audit.computation_runs(module)
-    matmul_computations = {name for name, (_, lines) in module.items() if any(" convolution(" in x for x in lines)}
     totals = dict.fromkeys(("matmuls", "layer_norms", "dropout", "optimizer", "other_elementwise"), 0)
     others = {}
-    for name, (_, lines) in module.items():
-        for line in lines:
-            cycles = _CYCLES.search(line)
-            if not cycles:
-                continue
-            count = int(cycles.group(1)) * runs(name)
-            callee = re.search(r"calls=%([\w.\-]+)", line)
-            named = _OP_NAME.search(line)
-            op_name = named.group(1) if named else ""
-            if "kind=kOutput" in line or (callee and callee.group(1) in matmul_computations):
-                kind = "matmuls"
-            elif "norm" in op_name:
-                kind = "layer_norms"
-            elif "ropout" in op_name:
-                kind = "dropout"  # its random bits (threefry) as well as the masking
-            elif not re.search(r"jvp\([\w.]+\)", op_name):  # the model's ops: jvp(<module>) or jvp(<module.method>)
-                kind = "optimizer"
-            else:
-                kind = "other_elementwise"
-                source = re.sub(r"layer_\d+", "layer_N", op_name.split(")/", 1)[-1])
-                others[source] = others.get(source, 0) + count
-            totals[kind] += count
+    for line, cycles, runs, matmul in cycle_lines(hlo_text):
+        count = cycles * runs
+        named = _OP_NAME.search(line)
+        op_name = named.group(1) if named else ""
+        if matmul:
+            kind = "matmuls"
+        elif "norm" in op_name:
+            kind = "layer_norms"
+        elif "ropout" in op_name:
+            kind = "dropout"  # its random bits (threefry) as well as the masking
+        elif not re.search(r"jvp\([\w.]+\)", op_name):  # the model's ops: jvp(<module>) or jvp(<module.method>)
+            kind = "optimizer"
+        else:
+            kind = "other_elementwise"
+            source = re.sub(r"layer_\d+", "layer_N", op_name.split(")/", 1)[-1])
+            others[source] = others.get(source, 0) + count
+        totals[kind] += count
     whole = sum(totals.values()) or 1
     top = sorted(others.items(), key=lambda item: -item[1])[:3]
     return {**{kind: cycles / whole for kind, cycles in totals.items()},
@@ -469,7 +451,9 @@ def print_report(row: dict) -> None:
           f"{row['temp_gb']:.2f} GB, total {row['per_chip_gb']:.2f} GB of {row['hbm_gb']:.1f} GB HBM")
     timing = "no step time (the compiler's cost model gave none for this chip)"
     if row["est_step_s"]:
-        timing = (f"step {row['est_step_s'] * 1e3:.1f} ms, MFU {row['est_mfu']:.2f}, "
+        timing = (f"step {row['est_step_s'] * 1e3:.1f} ms (the cost model's optimal_seconds; "
+                  f"{row['est_step_cycles_s'] * 1e3:.1f} ms at its per-instruction cycle sum), "
+                  f"MFU {row['est_mfu']:.2f} ({row['est_mfu_cycles']:.2f} at the cycle sum), "
                   f"{row['est_tokens_per_s_per_chip']:.0f} tokens/s a chip; {row['total_steps']} steps in "
                   f"{row['est_days']:.2f} days")
     print(f"compute per chip (compiler's estimate, not a measurement): {row['hlo_flops']:.3g} HLO FLOPs, "
