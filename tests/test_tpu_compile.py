@@ -8,8 +8,10 @@ all-gather through a chain of fusions, moves as little. A step that cannot fit e
 exit code 1. A layer shared by all of them (ALBERT) is gathered and reduced once a step, and so is the word table
 that the lookup and the MLM head share.
 """
+import importlib.util
 import json
 import os
+import pathlib
 import re
 import subprocess
 import sys
@@ -21,6 +23,7 @@ from bert_jax import compile_check, config_lib
 from bert_jax import sharding_audit as audit
 from bert_jax.modeling.transformer import padded_vocab_size
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 BATCH, SEQ, FFN = 16, 256, 512  # S is not 128, the lane width of splash's statistics ([.., S, 128])
 
 
@@ -93,6 +96,26 @@ def test_fsdp_is_advised_only_where_the_state_dominates():
                                                   bert_config("full", True))
     assert "config.mesh.fsdp=-1 (parameters and optimizer state, 80.0 GB" in state_bound
     assert "fsdp" not in compile_check.overshoot_message(refused_row(), bert_config("full", True))
+
+
+def layout_row(scan_layers: bool, batch_per_chip: int, step_s, fits: bool = True) -> dict:
+    """A row of benchmarks/tpu_compile.py for one layer layout of bert-base-128@v5p-8."""
+    return {"base_name": "bert-base-128@v5p-8", "scan_layers": scan_layers, "fits": fits, "per_chip_gb": 80.0,
+            "batch_per_chip": batch_per_chip, "est_step_s": step_s, "est_mfu": step_s and 0.5,
+            "est_tokens_per_s_per_chip": step_s and batch_per_chip * 128 / step_s}
+
+
+def test_the_layout_recommended_is_the_faster_one_that_fits():
+    """--layout=auto compares the layouts each at its own largest batch: tokens a second, not step times."""
+    spec = importlib.util.spec_from_file_location("tpu_compile", REPO / "benchmarks" / "tpu_compile.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    scanned, unscanned = layout_row(True, 840, 0.30), layout_row(False, 256, 0.08)  # 358K against 410K tokens/s
+    assert bench.recommendation([scanned, unscanned]).startswith("bert-base-128@v5p-8: train unscanned at 256")
+    assert "train scanned at 840" in bench.recommendation([scanned, layout_row(False, 512, 0.16, fits=False)])
+    no_time = [layout_row(True, 840, None), layout_row(False, 256, None)]  # v5e: the larger batch
+    assert bench.recommendation(no_time).startswith("bert-base-128@v5p-8: train scanned at 840")
+    assert bench.recommendation([layout_row(True, 8, 0.1, fits=False)]) == "bert-base-128@v5p-8: no layout fits"
 
 
 libtpu = pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu (pip install -e '.[tpu]')")
