@@ -123,7 +123,9 @@ def confirmed_largest(family, size, seq, topology, layout, attention_dropout, ro
 
 
 def attention_label(row: dict) -> str:
-    """The attention column: the kernel, and the probabilities' dropout where the row drops them."""
+    """The attention column: the kernel; with the probabilities' dropout, bert_jax's flash kernel runs for splash."""
+    if row.get("attention_dropout") and row["attention"] == "splash":
+        return f"flash, dropout {row['attention_dropout']:g}"
     return row["attention"] + (f", dropout {row['attention_dropout']:g}" if row.get("attention_dropout") else "")
 
 
