@@ -291,7 +291,7 @@ def predicted_largest_batch(row: dict) -> int:
 
 
 def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_flops: float,
-                   model_flops: float, cycle_seconds: float = 0.0) -> dict:
+                   model_flops: float, cycle_seconds: float) -> dict:
     """The estimated step time (the compiler's plus the splash kernels' FLOPs at peak) and what follows from it:
     MFU, tokens per second a chip, days for config.total_steps, the kernels' share; beside it the step at the sum
     of the compiler's per-instruction cycles (the slow end of the range; the MFU is the first's). All None where

@@ -178,10 +178,11 @@ def test_cycles_are_told_apart_by_op_name_for_module_methods_too():
 def test_a_negative_compiler_time_gives_no_estimate_rather_than_a_wrong_one():
     """libtpu's cost model returns negative seconds for v4, v5e and v6e steps: no time, MFU or days then."""
     config, topology = small_bert(), compile_check.parse_topology("v5e-8")
-    assert set(compile_check.step_estimates(config, topology, -19.0, 1e12, 1e12).values()) == {None}
-    figures = compile_check.step_estimates(config, topology, 0.01, topology.chip.peak_flops * 0.01, 1e12)
+    assert set(compile_check.step_estimates(config, topology, -19.0, 1e12, 1e12, 0.03).values()) == {None}
+    figures = compile_check.step_estimates(config, topology, 0.01, topology.chip.peak_flops * 0.01, 1e12, 0.03)
     assert figures["est_step_s"] == pytest.approx(0.02) and figures["splash_share"] == pytest.approx(0.5)
     assert figures["est_mfu"] == pytest.approx(1e12 / (0.02 * topology.chip.peak_flops))
+    assert figures["est_step_cycles_s"] == pytest.approx(0.04)  # the cycle sum, the kernels' FLOPs at peak added
 
 
 def data_parallel_bert(scan_layers: bool = False):
