@@ -199,15 +199,17 @@ def data_parallel():
 
 
 def test_a_scanned_step_is_estimated_as_its_layer_loop_runs(data_parallel):
-    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's estimate comes near the
-    full unscanned compile's (1.28x here: the scanned program also writes each layer's saved activations into the
-    loop's stacks); counted once, it read under 0.8x."""
+    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.34x the
+    full unscanned compile's (the scanned program also recomputes LayerNorm, GELU and dropout and writes each
+    layer's saved activations into the loop's stacks), where counted once it read 0.82x; its optimal_seconds,
+    scaled by the cycles' loop factor, 1.40x (0.87x unscaled): the rough end of the estimate."""
     scanned = compile_check.report(compile_step(data_parallel_bert(scan_layers=True)))
     unscanned = compile_check.report(data_parallel)
     assert scanned["estimate"].startswith("while-loop bodies counted per iteration") and scanned["loop_factor"] > 1.3
     assert unscanned["estimate"] == "as compiled" and unscanned["loop_factor"] == 1
-    assert 1.0 <= scanned["est_step_s"] / unscanned["est_step_s"] <= 1.4, (scanned, unscanned)
-    assert scanned["compiler_step_s"] / scanned["loop_factor"] < 0.85 * unscanned["compiler_step_s"]
+    cycles = scanned["est_step_cycles_s"] / unscanned["est_step_cycles_s"]
+    assert 1.0 <= cycles <= 1.6 and cycles / scanned["loop_factor"] < 0.9, (scanned, unscanned)
+    assert 0.8 <= scanned["est_step_s"] / unscanned["est_step_s"] <= 1.6, (scanned, unscanned)
     assert 0.9 <= scanned["hlo_flops"] / unscanned["hlo_flops"] <= 1.1
     for row in (scanned, unscanned):  # the per-instruction cycle sum: the slow end of the range
         assert row["est_step_cycles_s"] > row["est_step_s"] and row["est_mfu_cycles"] < row["est_mfu"]
