@@ -4,7 +4,7 @@
     python benchmarks/tpu_compile.py --rows=bert-large-512@v5p-8:72   # that batch per chip only, no search
                                        # (the table then gives the largest batch its memory predicts)
     python benchmarks/tpu_compile.py --confirm [--rows=...]          # then compile those predicted batches
-    python benchmarks/tpu_compile.py --layout=auto|scanned|unscanned   # auto (default): both layouts, and which
+    python benchmarks/tpu_compile.py --layout=auto|scanned|unscanned   # auto (default): both, and which to train
 
 Per row (a paper-size preset at a paper sequence length on a topology) it finds the largest batch per chip that
 fits in few compiles: one compile at a probe batch gives the memory as fixed + per-example (the temporaries scale with
@@ -15,8 +15,8 @@ batch each one's memory predicts; the row it finds is appended, and replaces the
 markdown table of docs/tpu.md and ends with one JSON line.
 
 `--layout=auto` compiles every row with scanned layers and unscanned (ModernBERT, whose layers differ, unscanned
-only), reports both, and recommends in one line a row the faster one that fits, each at the largest batch it fits:
-time, memory and batch of a row are always those of the one program it trains.
+only), reports both, and recommends, in one line a row, the faster layout that fits, each at the largest batch it
+fits: time, memory and batch of a row are always those of the one program it trains.
 
 Every step time, MFU and day count is the compiler's estimate (its cost model, plus the splash kernels' FLOPs at
 peak), not a measurement. Each compile takes minutes of CPU; the whole table takes hours: run it in the background.
