@@ -41,7 +41,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from bert_jax.modeling import flash_attention, transformer  # noqa: E402
 
-CLOCK_HZ = 1.75e9  # v5p: 459 TFLOP/s a chip = 2 cores x 4 MXUs x 128 x 128 x 2 FLOPs x this
+CLOCK_HZ = compile_check.CHIPS["v5p"].clock_hz  # 459 TFLOP/s a chip = 2 cores x 4 MXUs x 128 x 128 x 2 FLOPs x this
 CORE_PEAK = compile_check.CHIPS["v5p"].peak_flops / 2
 KERNEL = re.compile(r"(splash_mha|flash_dropout)_\w+?\.\d+")
 

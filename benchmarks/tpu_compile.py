@@ -4,6 +4,7 @@
     python benchmarks/tpu_compile.py --rows=bert-large-512@v5p-8:72   # that batch per chip only, no search
                                        # (the table then gives the largest batch its memory predicts)
     python benchmarks/tpu_compile.py --confirm [--rows=...]          # then compile those predicted batches
+    python benchmarks/tpu_compile.py --layout=auto|scanned|unscanned   # auto (default): both, and which to train
 
 Per row (a paper-size preset at a paper sequence length on a topology) it finds the largest batch per chip that
 fits in few compiles: one compile at a probe batch gives the memory as fixed + per-example (the temporaries scale with
@@ -12,6 +13,10 @@ Each finished row is appended to --out as a JSON line, so a rerun continues with
 row's line to redo it). `--confirm` takes the rows compiled at a given batch as the search's probe and compiles the
 batch each one's memory predicts; the row it finds is appended, and replaces the given one. Then it prints the
 markdown table of docs/tpu.md and ends with one JSON line.
+
+`--layout=auto` compiles every row with scanned layers and unscanned (ModernBERT, whose layers differ, unscanned
+only), reports both, and recommends, in one line a row, the faster layout that fits, each at the largest batch it
+fits: time, memory and batch of a row are always those of the one program it trains.
 
 Every step time, MFU and day count is the compiler's estimate (its cost model, plus the splash kernels' FLOPs at
 peak), not a measurement. Each compile takes minutes of CPU; the whole table takes hours: run it in the background.
@@ -47,22 +52,35 @@ PRESETS = [("bert", "base", 128), ("bert", "base", 512), ("bert", "large", 128),
            ("modernbert", "base", 1024), ("modernbert", "base", 8192), ("modernbert", "large", 1024),
            ("modernbert", "large", 8192)]
 TOPOLOGIES = ["v5p-8", "v5e-8", "v5p-64"]
-HBM_MARGIN = 0.92  # of the chip's HBM the prediction aims at: the temporaries do not grow exactly linearly
 PROBE_TOKENS = 32 * 512  # per chip, at the probe compile
 
 
-def row_name(family: str, size: str, seq: int, topology: str) -> str:
+LAYOUTS = {"auto": ("scanned", "unscanned"), "scanned": ("scanned",), "unscanned": ("unscanned",)}
+
+
+def base_name(family: str, size: str, seq: int, topology: str) -> str:
     return f"{family}-{size}-{seq}@{topology}"
 
 
-def table_config(family: str, size: str, seq: int, topology: compile_check.Topology, batch_per_chip: int):
-    """The preset as the table trains it: bfloat16 compute, no attention dropout (so splash runs, the fused kernel
-    having none), scanned layers where the family's layers are alike, a data-parallel mesh (FSDP over the slice
-    where a chip's HBM holds less than 32 GiB), masking's predictions scaled to the length."""
+def row_name(family: str, size: str, seq: int, topology: str, layout: str) -> str:
+    return f"{base_name(family, size, seq, topology)}/{layout}"
+
+
+def layouts(family: str, size: str, choice: str) -> tuple[str, ...]:
+    """The layer layouts --layout compiles for a preset: never scanned where the family's layers differ."""
+    scans = families.of(config_lib.load_preset(family, size).model).scans_layers
+    return tuple(layout for layout in LAYOUTS[choice] if scans or layout == "unscanned")
+
+
+def table_config(family: str, size: str, seq: int, topology: compile_check.Topology, layout: str,
+                 attention_dropout: float, batch_per_chip: int):
+    """The preset as the table trains it: bfloat16 compute, the given attention dropout (0: splash; the papers' 0.1:
+    bert_jax's flash kernel with dropout) and layer layout, a data-parallel mesh (FSDP over the slice where a chip's
+    HBM holds less than 32 GiB), masking's predictions scaled to the length."""
     config = config_lib.load_preset(family, size)
     config.model.dtype = "bfloat16"
-    config.model.attention_probs_dropout_prob = 0.0
-    config.model.scan_layers = families.of(config.model).scans_layers
+    config.model.attention_probs_dropout_prob = attention_dropout
+    config.model.scan_layers = layout == "scanned"
     config.data.seq_length = seq
     config.data.batch_size = batch_per_chip * topology.chips
     config.masking.max_predictions_per_seq = math.ceil(seq * config.masking.rate)
@@ -71,8 +89,8 @@ def table_config(family: str, size: str, seq: int, topology: compile_check.Topol
     return config
 
 
-def compile_row(family, size, seq, topology, batch_per_chip) -> dict:
-    config = table_config(family, size, seq, topology, batch_per_chip)
+def compile_row(family, size, seq, topology, layout, attention_dropout, batch_per_chip) -> dict:
+    config = table_config(family, size, seq, topology, layout, attention_dropout, batch_per_chip)
     row = compile_check.report(compile_check.compile_program(config, topology, with_eval=False))
     print(f"  batch {batch_per_chip}/chip: fits {row['fits']}, {row.get('per_chip_gb') or 0:.1f} GB, "
           f"step {(row.get('est_step_s') or 0) * 1e3:.0f} ms, MFU {row.get('est_mfu') or 0:.2f} "
@@ -80,56 +98,71 @@ def compile_row(family, size, seq, topology, batch_per_chip) -> dict:
     return row
 
 
-def predicted_largest_batch(row: dict) -> int:
-    """The batch per chip that fills HBM_MARGIN of the chip by the memory of a compiled row, taken as fixed (state)
-    + per-example (the temporaries, which scale with the batch); a multiple of 8 from 16 on."""
-    fixed = row["per_chip_gb"] - row["temp_gb"]
-    per_example = row["temp_gb"] / row["batch_per_chip"]
-    predicted = int((HBM_MARGIN * row["hbm_gb"] - fixed) / per_example)
-    return predicted // 8 * 8 if predicted >= 16 else predicted
-
-
-def largest_batch(family, size, seq, topology) -> dict:
+def largest_batch(family, size, seq, topology, layout, attention_dropout) -> dict:
     """The row of the largest batch per chip found to fit (see the module docstring)."""
+    row_args = (family, size, seq, topology, layout, attention_dropout)
     probe = max(1, PROBE_TOKENS // seq)
-    row = compile_row(family, size, seq, topology, probe)
+    row = compile_row(*row_args, probe)
     while not row["fits"] and probe > 1:
         probe //= 2
-        row = compile_row(family, size, seq, topology, probe)
-    return confirmed_largest(family, size, seq, topology, row) if row["fits"] else row
+        row = compile_row(*row_args, probe)
+    return confirmed_largest(*row_args, row) if row["fits"] else row
 
 
-def confirmed_largest(family, size, seq, topology, row: dict) -> dict:
+def confirmed_largest(family, size, seq, topology, layout, attention_dropout, row: dict) -> dict:
     """From a compiled row that fits: the row of the batch its memory predicts, compiled (or of 85% of it when the
     compiler refuses that), or `row` itself when neither is larger or fits."""
-    predicted = predicted_largest_batch(row)
+    predicted = compile_check.predicted_largest_batch(row)
     for batch in (predicted, int(predicted * 0.85)):
         if batch <= row["batch_per_chip"]:
             break
-        candidate = compile_row(family, size, seq, topology, batch)
+        candidate = compile_row(family, size, seq, topology, layout, attention_dropout, batch)
         if candidate["fits"]:
             return candidate
     return row
 
 
+def attention_label(row: dict) -> str:
+    """The attention column: the kernel; with the probabilities' dropout, bert_jax's flash kernel runs for splash."""
+    if row.get("attention_dropout") and row["attention"] == "splash":
+        return f"flash, dropout {row['attention_dropout']:g}"
+    return row["attention"] + (f", dropout {row['attention_dropout']:g}" if row.get("attention_dropout") else "")
+
+
 def markdown(rows: list[dict]) -> str:
-    lines = ["| preset | seq | topology | mesh (data, fsdp, tensor) | batch / chip | HBM / chip | attention | "
-             "est. step | est. MFU | est. days, paper schedule |", "|" + "---|" * 10]
+    lines = ["| preset | seq | topology | mesh (data, fsdp, tensor) | layers | batch / chip | HBM / chip | attention | "
+             "est. step | est. MFU | est. days, paper schedule |", "|" + "---|" * 11]
     for row in rows:
         mesh = ",".join(str(row["mesh"][axis]) for axis in ("data", "fsdp", "tensor"))
-        head = f"| {row['preset']} | {row['seq_length']} | {row['topology']} | {mesh} | "
+        layout = "scanned" if row["scan_layers"] else "unscanned"
+        head = f"| {row['preset']} | {row['seq_length']} | {row['topology']} | {mesh} | {layout} | "
         if not row["fits"]:
             lines.append(head + "none fits | | | | | |")
             continue
         batch = f"{row['batch_per_chip']:g}"
         if row.get("batch_given"):
-            batch += f" (given; memory predicts {predicted_largest_batch(row)})"
+            batch += f" (given; memory predicts {compile_check.predicted_largest_batch(row)})"
         timing = "no estimate (the cost model's time is negative) | | |"
         if row["est_step_s"]:
-            timing = f"{row['est_step_s'] * 1e3:.0f} ms | {row['est_mfu']:.2f} | {row['paper_days']:.2g} |"
-        lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.0f} GB | {row['attention']} | "
+            timing = (f"{row['est_step_s'] * 1e3:.0f} ms ({row['est_step_cycles_s'] * 1e3:.0f} at the cycle sum) | "
+                      f"{row['est_mfu']:.2f} | {row['paper_days']:.2g} |")
+        lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.1f} GB | {attention_label(row)} | "
                      + timing)
     return "\n".join(lines)
+
+
+def recommendation(rows: list[dict]) -> str:
+    """One line: of a row's layouts, the one that fits and trains the most tokens a second (the compiler's
+    estimate), each at its own batch; the larger batch where the cost model gives no time."""
+    fitting = [row for row in rows if row["fits"]]
+    if not fitting:
+        return f"{rows[0]['base_name']}: no layout fits"
+    best = max(fitting, key=lambda row: (row["est_tokens_per_s_per_chip"] or 0, row["batch_per_chip"]))
+    figures = lambda row: (f"{'scanned' if row['scan_layers'] else 'unscanned'} at {row['batch_per_chip']:g} a chip, "
+                           f"{row['per_chip_gb']:.1f} GB" + (f", est. {row['est_step_s'] * 1e3:.0f} ms, MFU "
+                                                              f"{row['est_mfu']:.2f}" if row["est_step_s"] else ""))
+    others = "; ".join(figures(row) for row in rows if row is not best)
+    return f"{best['base_name']}: train {figures(best)}" + (f" (against {others})" if others else "")
 
 
 def main():
@@ -139,45 +172,57 @@ def main():
     parser.add_argument("--out", default="benchmarks/tpu_compile.jsonl")
     parser.add_argument("--confirm", action="store_true", help="for the rows in --out compiled at a given batch, "
                         "compile the batch their memory predicts (the search's second step) and append that row")
+    parser.add_argument("--layout", default="auto", choices=tuple(LAYOUTS), help="scanned or unscanned layers, or "
+                        "auto: both, and a recommendation between them")
+    parser.add_argument("--attention_dropout", type=float, default=0.0,
+                        help="attention-probability dropout (the papers' 0.1 runs bert_jax's flash kernel)")
     args = parser.parse_args()
-    wanted = [(f, s, q, t) for t in TOPOLOGIES for f, s, q in PRESETS]
+    bases = [(f, s, q, t) for t in TOPOLOGIES for f, s, q in PRESETS]
     batches = {}
     if args.rows:
         names, _, given = zip(*(row.partition(":") for row in args.rows.split(",")))
         batches = {name: int(batch) for name, batch in zip(names, given) if batch}
-        wanted = sorted((w for w in wanted if row_name(*w) in names), key=lambda w: names.index(row_name(*w)))
+        bases = sorted((b for b in bases if base_name(*b) in names), key=lambda b: names.index(base_name(*b)))
+    wanted = [(*base, layout) for base in bases for layout in layouts(base[0], base[1], args.layout)]
     done = {}
     if os.path.exists(args.out):
         with open(args.out) as f:
             done = {row["name"]: row for row in map(json.loads, f)}
-    for family, size, seq, topology_name in wanted:
-        name = row_name(family, size, seq, topology_name)
+    suffix = f"+dropout{args.attention_dropout:g}" if args.attention_dropout else ""
+    for family, size, seq, topology_name, layout in wanted:
+        base, name = base_name(family, size, seq, topology_name), row_name(family, size, seq, topology_name, layout)
+        name += suffix
         to_confirm = args.confirm and name in done and done[name]["batch_given"] and done[name]["fits"]
         if name in done and not to_confirm:
             continue
         print(f"{name}:", flush=True)
         topology = compile_check.parse_topology(topology_name)
+        row_args = (family, size, seq, topology, layout, args.attention_dropout)
         if name in done:  # --confirm: a later line of the same name replaces the row (see `done` above)
-            row = confirmed_largest(family, size, seq, topology, done[name])
+            row = confirmed_largest(*row_args, done[name])
             if row is done[name]:
                 print(f"  batch {row['batch_per_chip']:g}/chip stays: no larger one is predicted to fit, or fits",
                       flush=True)
                 continue
-        elif name in batches:
-            row = compile_row(family, size, seq, topology, batches[name])
+        elif base in batches:
+            row = compile_row(*row_args, batches[base])
         else:
-            row = largest_batch(family, size, seq, topology)
-        row.update(name=name, preset=f"{family}-{size}", batch_given=name in batches)
+            row = largest_batch(*row_args)
+        row.update(name=name, base_name=base + suffix, preset=f"{family}-{size}", batch_given=base in batches,
+                   attention_dropout=args.attention_dropout)
         if row["fits"] and row["est_step_s"]:
             tokens_per_s = row["est_tokens_per_s_per_chip"] * row["chips"]
             row["paper_days"] = SCHEDULE_TOKENS[(family, seq)] / tokens_per_s / 86400
         with open(args.out, "a") as f:
             f.write(json.dumps(row) + "\n")
         done[name] = row
-    rows = [done[row_name(*w)] for w in wanted if row_name(*w) in done]
+    rows = [done[row_name(*w) + suffix] for w in wanted if row_name(*w) + suffix in done]
     print(markdown(rows))
+    for base in dict.fromkeys(row["base_name"] for row in rows):
+        print("recommend " + recommendation([row for row in rows if row["base_name"] == base]))
     print(json.dumps({row["name"]: {key: row.get(key) for key in ("fits", "batch_per_chip", "per_chip_gb", "hbm_gb",
-                                                                  "est_step_s", "est_mfu", "paper_days")}
+                                                                  "est_step_s", "est_step_cycles_s", "est_mfu",
+                                                                  "paper_days")}
                       for row in rows}))
 
 

@@ -31,7 +31,7 @@ import ml_collections
 import numpy as np
 from absl import flags
 
-from bert_jax import cli, config_lib, families, flops, sharding, train
+from bert_jax import cli, families, flops, sharding, train
 from bert_jax import sharding_audit as audit
 from bert_jax.errors import UserError
 from bert_jax.config_lib import generator_config
@@ -52,15 +52,17 @@ class DoesNotFit(UserError):
 class Chip:
     """One TPU generation, as Cloud TPU's published specifications give it per chip."""
 
-    hbm_gib: float
+    hbm_gib: float  # as published (the topology table of docs/tpu.md)
+    hbm_gb: float  # what XLA:TPU lets a program use, as its refusals say (libtpu 0.0.42.1): the fit is against it
     peak_flops: float  # dense bfloat16 FLOP/s
+    clock_hz: float  # the peak over the MXUs' FLOPs a cycle: turns the compiler's per-instruction cycles into time
     torus_dims: int  # v4 and v5p: an X x Y x Z torus of chips; v5e and v6e: X x Y
     name_counts_cores: bool  # v4-N and v5p-N count TensorCores (two a chip); v5e-N and v6e-N count chips
     chip_config: str = "default"  # how libtpu presents a chip: v4's two TensorCores as one device is "megacore"
 
 
-CHIPS = {"v4": Chip(32, 275e12, 3, True, "megacore"), "v5p": Chip(95, 459e12, 3, True),
-         "v5e": Chip(16, 197e12, 2, False), "v6e": Chip(32, 918e12, 2, False)}
+CHIPS = {"v4": Chip(32, 30.75, 275e12, 1.05e9, 3, True, "megacore"), "v5p": Chip(95, 95.74, 459e12, 1.75e9, 3, True),
+         "v5e": Chip(16, 15.75, 197e12, 1.5e9, 2, False), "v6e": Chip(32, 31.25, 918e12, 1.75e9, 2, False)}
 _SLICE = re.compile(r"^(v4|v5p|v5e|v6e)-(\d+)$")
 _GRID = re.compile(r"^(v4|v5p|v5e|v6e):(\d+(?:x\d+)+)$")
 
@@ -202,15 +204,18 @@ def compile_program(config: ml_collections.ConfigDict, topology: Topology, with_
 
 
 def out_of_memory_figures(message: str) -> dict:
-    """XLA:TPU's refusal, e.g. "the total memory required for HLO temporaries (208.62G) exceeds available HBM
-    (95.74G)" or "Used 1.02T of 95.74G hbm", in GB."""
+    """XLA:TPU's refusal in GB, in any unit it prints: "the total memory required for HLO temporaries (1.33T)
+    exceeds available HBM (95.74G)" gives the temporaries ("temp_gb"), "Used 1.02T of 95.74G hbm" the whole need
+    ("needed_gb"); both give the HBM the compiler lets a program use ("hbm_gb")."""
     figures = {"message": message.splitlines()[0][:400]}
-    needed = re.search(r"\(([\d.]+)([TGMK])\) exceeds available HBM \(([\d.]+)([TGMK])\)", message) or re.search(
-        r"Used ([\d.]+)([TGMK]) of ([\d.]+)([TGMK]) hbm", message)
-    if needed:
-        scale = {"T": 2 ** 40, "G": GB, "M": 2 ** 20, "K": 2 ** 10}
-        figures["needed_gb"] = float(needed.group(1)) * scale[needed.group(2)] / GB
-        figures["hbm_gb"] = float(needed.group(3)) * scale[needed.group(4)] / GB
+    scale = {"T": 2 ** 40, "G": GB, "M": 2 ** 20, "K": 2 ** 10}
+    for key, pattern in (("temp_gb", r"\(([\d.]+)([TGMK])\) exceeds available HBM \(([\d.]+)([TGMK])\)"),
+                         ("needed_gb", r"Used ([\d.]+)([TGMK]) of ([\d.]+)([TGMK]) hbm")):
+        found = re.search(pattern, message)
+        if found:
+            figures[key] = float(found.group(1)) * scale[found.group(2)] / GB
+            figures["hbm_gb"] = float(found.group(3)) * scale[found.group(4)] / GB
+            break
     return figures
 
 
@@ -223,7 +228,7 @@ def state_bytes_per_chip(abstract_state) -> int:
 def report(compiled: Compiled) -> dict:
     """The figures of the module docstring, per chip, as one JSON-able dict (keys documented in docs/tpu.md)."""
     config, topology, chip = compiled.config, compiled.topology, compiled.topology.chip
-    hbm = chip.hbm_gib * GB
+    hbm = chip.hbm_gb * GB
     base = {"topology": topology.name, "num_slices": topology.num_slices, "chips": topology.chips,
             "hosts": topology.hosts, "mesh": dict(compiled.mesh.shape), "batch": config.data.batch_size,
             "batch_per_chip": config.data.batch_size / topology.chips, "seq_length": config.data.seq_length,
@@ -232,24 +237,24 @@ def report(compiled: Compiled) -> dict:
             "hbm_gb": hbm / GB, "compile_s": round(compiled.compile_seconds, 1),
             "state_gb": state_bytes_per_chip(compiled.program.abstract_state) / GB}
     if compiled.step is None:
-        oom = compiled.out_of_memory
-        return {**base, "fits": False, "per_chip_gb": oom.get("needed_gb"), "hbm_gb": oom.get("hbm_gb", hbm / GB),
-                "compiler_says": oom["message"]}
+        return {**base, **refused_memory(compiled.out_of_memory, base["state_gb"]), "fits": False,
+                "compiler_says": compiled.out_of_memory["message"]}
     memory = compiled.step.memory_analysis()
     total = (memory.argument_size_in_bytes + memory.output_size_in_bytes - memory.alias_size_in_bytes
              + memory.temp_size_in_bytes + memory.generated_code_size_in_bytes)
     cost = compiled.step.cost_analysis()
     hlo = compiled.step.as_text()
     kernel_flops = splash_flops(hlo, config, compiled.mesh)
-    compiler_seconds, hlo_flops, method = compiler_cost(compiled, cost)
+    compiler_seconds, hlo_flops, factor, cycle_seconds = compiler_cost(hlo, cost, chip)
+    method = "as compiled" if factor == 1 else f"while-loop bodies counted per iteration (x{factor:.2f})"
     model_flops = flops.train_step_flops(config) / topology.chips
-    timing = step_estimates(config, topology, compiler_seconds, kernel_flops, model_flops)
+    timing = step_estimates(config, topology, compiler_seconds, kernel_flops, model_flops, cycle_seconds)
     stats = audit.collective_stats(hlo)
     ideal = audit.ideal_bytes(config, compiled.mesh, compiled.program.state_shardings["params"],
                               compiled.program.abstract_state["params"])
     return {**base, "fits": total <= hbm, "per_chip_gb": total / GB, "temp_gb": memory.temp_size_in_bytes / GB,
             "arguments_gb": memory.argument_size_in_bytes / GB, "hlo_flops": hlo_flops, "splash_flops": kernel_flops,
-            "model_flops": model_flops, "compiler_step_s": compiler_seconds,
+            "model_flops": model_flops, "compiler_step_s": compiler_seconds, "loop_factor": factor,
             "estimate": method if timing["est_step_s"] else f"none: XLA:TPU's cost model gave {compiler_seconds:.3g} s",
             **timing, "total_steps": config.total_steps,
             "collectives": {kind: entry for kind, entry in stats.items() if entry["count"]},
@@ -261,20 +266,48 @@ def report(compiled: Compiled) -> dict:
             "eval_compiled": compiled.evaluate is not None}
 
 
+def refused_memory(figures: dict, state_gb: float) -> dict:
+    """Per-chip memory of a step the compiler refused, from its figures: the whole need and the temporaries (the
+    part that scales with the batch), each from the other and the state where the refusal names only one."""
+    memory = {"hbm_gb": figures["hbm_gb"]} if "hbm_gb" in figures else {}
+    if "temp_gb" in figures:
+        return {**memory, "temp_gb": figures["temp_gb"], "per_chip_gb": figures["temp_gb"] + state_gb}
+    if "needed_gb" in figures:
+        return {**memory, "temp_gb": figures["needed_gb"] - state_gb, "per_chip_gb": figures["needed_gb"]}
+    return {**memory, "temp_gb": None, "per_chip_gb": None}
+
+
+HBM_MARGIN = 0.92  # of the chip's HBM a predicted batch aims at: the temporaries do not grow exactly linearly
+
+
+def predicted_largest_batch(row: dict) -> int:
+    """The batch per chip that fills HBM_MARGIN of the chip by a compiled (or refused) row's memory, taken as fixed
+    (state) + per-example (the temporaries, which scale with the batch); a multiple of 8 from 16 on, 0 when not
+    even one example is predicted to fit."""
+    fixed = row["per_chip_gb"] - row["temp_gb"]
+    per_example = row["temp_gb"] / row["batch_per_chip"]
+    predicted = max(0, int((HBM_MARGIN * row["hbm_gb"] - fixed) / per_example))
+    return predicted // 8 * 8 if predicted >= 16 else predicted
+
+
 def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_flops: float,
-                   model_flops: float) -> dict:
+                   model_flops: float, cycle_seconds: float) -> dict:
     """The estimated step time (the compiler's plus the splash kernels' FLOPs at peak) and what follows from it:
-    MFU, tokens per second a chip, days for config.total_steps, the kernels' share. All None where the compiler's
-    own time is not positive: without a TPU, libtpu 0.0.42.1's cost model returns negative seconds for every step
-    compiled for v4, v5e or v6e (v5p's are positive)."""
+    MFU, tokens per second a chip, days for config.total_steps, the kernels' share; beside it the step at the sum
+    of the compiler's per-instruction cycles (the slow end of the range; the MFU is the first's). All None where
+    the compiler's own time is not positive: without a TPU, libtpu 0.0.42.1's cost model returns negative seconds
+    for every step compiled for v4, v5e or v6e (v5p's are positive)."""
     peak = topology.chip.peak_flops
     if compiler_seconds <= 0:
-        return dict.fromkeys(("est_step_s", "est_mfu", "est_tokens_per_s_per_chip", "est_days", "splash_share"))
+        return dict.fromkeys(("est_step_s", "est_mfu", "est_tokens_per_s_per_chip", "est_days", "splash_share",
+                              "est_step_cycles_s", "est_mfu_cycles"))
     step_seconds = compiler_seconds + kernel_flops / peak
+    cycles_step = cycle_seconds + kernel_flops / peak
     return {"est_step_s": step_seconds, "est_mfu": model_flops / (step_seconds * peak),
             "est_tokens_per_s_per_chip": config.data.batch_size * config.data.seq_length / topology.chips
             / step_seconds,
-            "est_days": config.total_steps * step_seconds / 86400, "splash_share": kernel_flops / peak / step_seconds}
+            "est_days": config.total_steps * step_seconds / 86400, "splash_share": kernel_flops / peak / step_seconds,
+            "est_step_cycles_s": cycles_step, "est_mfu_cycles": model_flops / (cycles_step * peak)}
 
 
 _SPLASH_CALL = re.compile(r"^\s*(?:ROOT )?%(splash_mha|flash_dropout)_(fwd|dkv|dq|bwd)\w*(?:\.\d+)? = ")
@@ -318,50 +351,35 @@ _CYCLES = re.compile(r'"estimated_cycles":"(\d+)"')
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
 
-def loop_factor(hlo_text: str) -> float:
-    """How much XLA's cost analysis undercounts a step with loops: it costs a while body once, not once per
-    iteration. The compiler's per-instruction cycle estimates summed with every computation counted as often as it
-    runs, over the same sum counted once; 1 without loops. A rough scale (the two cost models weigh the loop body
-    differently): compiler_cost uses it only for loops other than scanned layers (gradient accumulation)."""
+def cycle_lines(hlo_text: str):
+    """(line, its compiler-estimated cycles, the times it runs a step, whether it is a matmul) for every instruction
+    that carries an estimate: a while body's run as often as its loop's trip count (audit.computation_runs)."""
     module = audit.computations(hlo_text)
     runs = audit.computation_runs(module)
-    once = every = 0
+    matmul_computations = {name for name, (_, lines) in module.items() if any(" convolution(" in x for x in lines)}
     for name, (_, lines) in module.items():
-        cycles = sum(int(found.group(1)) for found in map(_CYCLES.search, lines) if found)
-        once += cycles
-        every += cycles * runs(name)
-    return every / once if once else 1.0
+        for line in lines:
+            cycles = _CYCLES.search(line)
+            if cycles:
+                callee = re.search(r"calls=%([\w.\-]+)", line)
+                matmul = "kind=kOutput" in line or bool(callee and callee.group(1) in matmul_computations)
+                yield line, int(cycles.group(1)), runs(name), matmul
 
 
-def shallow(config: ml_collections.ConfigDict, layers: int) -> ml_collections.ConfigDict:
-    """`config` with `layers` unscanned layers (ELECTRA's generator too); ALBERT keeps its one shared group."""
-    shallow_config = ml_collections.ConfigDict(config.to_dict())
-    model = shallow_config.model
-    model.num_hidden_groups = min(model.num_hidden_groups, layers) if model.num_hidden_groups > 1 else 1
-    model.update(num_hidden_layers=layers, scan_layers=False)
-    if model.generator.hidden_size > 0:
-        model.generator.num_hidden_layers = layers
-    return config_lib.lock(shallow_config)
-
-
-def compiler_cost(compiled: Compiled, cost: dict) -> tuple[float, float, str]:
-    """(the compiler's step seconds, HLO FLOPs, how they were had). XLA's cost analysis costs a while body once, so
-    for scanned layers they come from the same step compiled unscanned with 1 and 2 layers: t(L) = t1 + (L - 1)
-    (t2 - t1), exact for identical layers. Other loops (gradient accumulation) are scaled by loop_factor."""
-    config = compiled.config
-    depth = config.model.num_hidden_layers
-    generator_depth = config.model.generator.num_hidden_layers
-    if config.model.scan_layers and depth > 2 and generator_depth in (0, depth):
-        one, two = (compile_program(shallow(config, layers), compiled.topology, with_eval=False).step.cost_analysis()
-                    for layers in (1, 2))
-        extrapolate = lambda key: one[key] + (depth - 1) * (two[key] - one[key])
-        seconds = min(one["optimal_seconds"], two["optimal_seconds"])  # not positive: no estimate (step_estimates)
-        if seconds > 0:
-            seconds = extrapolate("optimal_seconds")
-        return seconds, extrapolate("flops"), f"1 and 2 unscanned layers, x{depth}"
-    factor = loop_factor(compiled.step.as_text())
-    method = "as compiled" if factor == 1 else f"loops scaled by their share of cycles (x{factor:.2f})"
-    return cost["optimal_seconds"] * factor, cost.get("flops", 0.0) * factor, method
+def compiler_cost(hlo_text: str, cost: dict, chip: Chip) -> tuple[float, float, float, float]:
+    """(the compiler's step seconds, HLO FLOPs, the loops' factor on them, the step at its cycle sum). XLA's cost
+    analysis costs a while body once, not once per iteration, so a step with scanned layers (or gradient
+    accumulation) would look up to L times faster than it runs: its seconds are scaled by the per-instruction cycles
+    counted as the step runs them (a body times its trip count) over the same counted once, its FLOPs by the
+    matmuls' cycles so."""
+    every = once = matmul_every = matmul_once = 0
+    for _, cycles, runs, matmul in cycle_lines(hlo_text):
+        every, once = every + cycles * runs, once + cycles
+        if matmul:
+            matmul_every, matmul_once = matmul_every + cycles * runs, matmul_once + cycles
+    factor = every / once if once else 1.0
+    flops_factor = matmul_every / matmul_once if matmul_once else factor
+    return cost["optimal_seconds"] * factor, cost.get("flops", 0.0) * flops_factor, factor, every / chip.clock_hz
 
 
 def cycle_shares(hlo_text: str) -> dict[str, float]:
@@ -369,33 +387,25 @@ def cycle_shares(hlo_text: str) -> dict[str, float]:
     dropout, the optimizer update (outside the model's forward and backward), and everything else elementwise
     (softmax, activations, casts, copies), whose three largest sources (op names, layer numbers dropped) follow as
     "other: <name>". Pallas kernels and asynchronous collectives carry no estimate."""
-    module = audit.computations(hlo_text)
-    runs = audit.computation_runs(module)
-    matmul_computations = {name for name, (_, lines) in module.items() if any(" convolution(" in x for x in lines)}
     totals = dict.fromkeys(("matmuls", "layer_norms", "dropout", "optimizer", "other_elementwise"), 0)
     others = {}
-    for name, (_, lines) in module.items():
-        for line in lines:
-            cycles = _CYCLES.search(line)
-            if not cycles:
-                continue
-            count = int(cycles.group(1)) * runs(name)
-            callee = re.search(r"calls=%([\w.\-]+)", line)
-            named = _OP_NAME.search(line)
-            op_name = named.group(1) if named else ""
-            if "kind=kOutput" in line or (callee and callee.group(1) in matmul_computations):
-                kind = "matmuls"
-            elif "norm" in op_name:
-                kind = "layer_norms"
-            elif "ropout" in op_name:
-                kind = "dropout"  # its random bits (threefry) as well as the masking
-            elif not re.search(r"jvp\([\w.]+\)", op_name):  # the model's ops: jvp(<module>) or jvp(<module.method>)
-                kind = "optimizer"
-            else:
-                kind = "other_elementwise"
-                source = re.sub(r"layer_\d+", "layer_N", op_name.split(")/", 1)[-1])
-                others[source] = others.get(source, 0) + count
-            totals[kind] += count
+    for line, cycles, runs, matmul in cycle_lines(hlo_text):
+        count = cycles * runs
+        named = _OP_NAME.search(line)
+        op_name = named.group(1) if named else ""
+        if matmul:
+            kind = "matmuls"
+        elif "norm" in op_name:
+            kind = "layer_norms"
+        elif "ropout" in op_name:
+            kind = "dropout"  # its random bits (threefry) as well as the masking
+        elif not re.search(r"jvp\([\w.]+\)", op_name):  # the model's ops: jvp(<module>) or jvp(<module.method>)
+            kind = "optimizer"
+        else:
+            kind = "other_elementwise"
+            source = re.sub(r"layer_\d+", "layer_N", op_name.split(")/", 1)[-1])
+            others[source] = others.get(source, 0) + count
+        totals[kind] += count
     whole = sum(totals.values()) or 1
     top = sorted(others.items(), key=lambda item: -item[1])[:3]
     return {**{kind: cycles / whole for kind, cycles in totals.items()},
@@ -409,17 +419,23 @@ def attention_on(mesh, config) -> str:
 
 
 def overshoot_message(row: dict, config) -> str:
-    """The one line for a step that does not fit, with the knobs that shrink it."""
-    knobs = [f"a smaller config.data.batch_size (now {config.data.batch_size}, {row['batch_per_chip']:g} a chip)"]
+    """The one line for a step that does not fit: the overshoot in GB against the compiler's HBM, and only the knobs
+    that shrink this config's memory (without remat, scanning keeps more than the unscanned step: no advice then)."""
+    fits = predicted_largest_batch(row) if row.get("temp_gb") else 0
+    knobs = [f"config.data.batch_size={fits * row['chips']} ({fits} a chip, what its memory per example fits; now "
+             f"{row['batch_per_chip']:g})" if fits else
+             f"a smaller config.data.batch_size (now {row['batch_per_chip']:g} a chip)"]
     if config.model.remat_policy == "none":
         knobs.append("config.model.remat_policy=dots or full (recompute activations in the backward pass)")
-    if config.mesh.fsdp == 1:
-        knobs.append("config.mesh.fsdp=-1 (split parameters and optimizer state over the chips)")
-    if not config.model.scan_layers and families.of(config.model).scans_layers:
-        knobs.append("config.model.scan_layers=true (one layer's temporaries at a time)")
-    needed = f"{row['per_chip_gb']:.1f} GB" if row.get("per_chip_gb") else "more than its HBM"
-    return (f"does not fit: the step needs {needed} per chip on {row['topology']}, whose chips have "
-            f"{row['hbm_gb']:.1f} GB of HBM (the compiler's count); try {'; '.join(knobs)}")
+    elif not config.model.scan_layers and families.of(config.model).scans_layers:
+        knobs.append("config.model.scan_layers=true (with remat, one layer's saved activations at a time)")
+    if config.mesh.fsdp == 1 and row["chips"] > 1 and row["per_chip_gb"] and row["state_gb"] > row["per_chip_gb"] / 2:
+        knobs.append(f"config.mesh.fsdp=-1 (parameters and optimizer state, {row['state_gb']:.1f} GB, split over "
+                     f"the chips)")
+    needed = (f"{row['per_chip_gb']:.1f} GB, {row['per_chip_gb'] - row['hbm_gb']:.1f} GB more than the "
+              f"{row['hbm_gb']:.2f} GB" if row.get("per_chip_gb") else f"more than the {row['hbm_gb']:.2f} GB")
+    return (f"does not fit: the step needs {needed} of HBM the compiler allows a chip on {row['topology']}; "
+            f"try {'; '.join(knobs)}")
 
 
 def print_report(row: dict) -> None:
@@ -428,14 +444,16 @@ def print_report(row: dict) -> None:
           f"{row['mesh']}; batch {row['batch']} x {row['seq_length']} ({row['batch_per_chip']:g} a chip), "
           f"{row['dtype']}, remat {row['remat_policy']}, scan {row['scan_layers']}, {row['attention']} attention; "
           f"compiled in {row['compile_s']} s")
-    if not row["fits"] and "temp_gb" not in row:
+    if "compiler_says" in row:
         print(f"memory per chip: does not fit ({row['compiler_says']})")
         return
     print(f"memory per chip: parameters + optimizer state {row['state_gb']:.2f} GB, temporaries (activations) "
           f"{row['temp_gb']:.2f} GB, total {row['per_chip_gb']:.2f} GB of {row['hbm_gb']:.1f} GB HBM")
     timing = "no step time (the compiler's cost model gave none for this chip)"
     if row["est_step_s"]:
-        timing = (f"step {row['est_step_s'] * 1e3:.1f} ms, MFU {row['est_mfu']:.2f}, "
+        timing = (f"step {row['est_step_s'] * 1e3:.1f} ms (the cost model's optimal_seconds; "
+                  f"{row['est_step_cycles_s'] * 1e3:.1f} ms at its per-instruction cycle sum), "
+                  f"MFU {row['est_mfu']:.2f} ({row['est_mfu_cycles']:.2f} at the cycle sum), "
                   f"{row['est_tokens_per_s_per_chip']:.0f} tokens/s a chip; {row['total_steps']} steps in "
                   f"{row['est_days']:.2f} days")
     print(f"compute per chip (compiler's estimate, not a measurement): {row['hlo_flops']:.3g} HLO FLOPs, "

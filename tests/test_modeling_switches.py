@@ -57,6 +57,23 @@ def test_scan_over_layers_matches_the_loop(family):
     np.testing.assert_allclose(run(scanned, stacked)["mlm_logits"], run(looped, params)["mlm_logits"], atol=1e-5)
 
 
+@pytest.mark.parametrize("family", ["bert", "albert"])
+def test_scanned_layers_without_remat_give_the_loops_gradients(family):
+    """Scanned without remat, a layer keeps only its named activations (transformer.SCANNED_SAVES) and recomputes
+    the rest in the backward pass: the loss and gradients stay the unscanned loop's."""
+    looped = tiny(family)
+    scanned = tiny(family, scan_layers=True)
+    params = modeling.init_params(modeling.pretraining_model(looped), jax.random.key(0))
+
+    def loss_and_grad(config, p):
+        return jax.jit(jax.value_and_grad(lambda p: jnp.mean(run(config, p)["mlm_logits"] ** 2)))(p)
+
+    ref_loss, ref_grad = loss_and_grad(looped, params)
+    scan_loss, scan_grad = loss_and_grad(scanned, to_model_layout(params, scanned.model))
+    np.testing.assert_allclose(scan_loss, ref_loss, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), to_unscanned_layout(scan_grad), ref_grad)
+
+
 def test_bfloat16_compute_keeps_float32_params_and_stays_close():
     config32, config16 = tiny(), tiny(dtype="bfloat16")
     params = modeling.init_params(modeling.pretraining_model(config16), jax.random.key(0))
