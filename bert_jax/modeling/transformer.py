@@ -548,9 +548,13 @@ class Encoder(nn.Module):
     def __call__(self, x, mask, deterministic: bool):
         cfg = self.config
         layer_cls = TransformerLayer
-        if cfg.remat_policy != "none" or cfg.scan_layers:
-            policy = REMAT_POLICIES[cfg.remat_policy] if cfg.remat_policy != "none" else SCANNED_SAVES
-            layer_cls = nn.remat(TransformerLayer, policy=policy, prevent_cse=not cfg.scan_layers)
+        if cfg.remat_policy != "none":
+            layer_cls = nn.remat(TransformerLayer, policy=REMAT_POLICIES[cfg.remat_policy],
+                                 prevent_cse=not cfg.scan_layers)
+        elif cfg.scan_layers and attention_kernel(cfg, deterministic, x.shape[1]) != "cudnn":
+            # cuDNN keeps its residuals inside its custom call, where no name reaches them: under SCANNED_SAVES its
+            # forward would run again in the backward pass (the GPU compile: 3 calls a layer instead of 2).
+            layer_cls = nn.remat(TransformerLayer, policy=SCANNED_SAVES, prevent_cse=False)
         groups = cfg.num_hidden_groups
         repeats = cfg.num_hidden_layers // groups
         if stacks_layers(cfg):
