@@ -213,6 +213,24 @@ def masking_config(family: str) -> ml_collections.ConfigDict:
     return masking
 
 
+def fault_settings() -> dict:
+    """What ends or guards a run, the same for pretraining and fine-tuning (docs/reliability.md)."""
+    return dict(
+        # What an unhealthy step does (bert_jax.health): a NaN/Inf loss or gradient norm, or a spike above the mean
+        # + spike_sigmas standard deviations of the last spike_window healthy steps (0: no spike test). stop: the run
+        # stops and a relaunch resumes from the last checkpoint shown good; skip: non-finite updates are dropped,
+        # up to max_consecutive_skips in a row.
+        nan_policy="stop",
+        max_consecutive_skips=10,
+        spike_window=128,
+        spike_sigmas=6.0,
+        # A step (compiles, saves and evaluations aside) that runs longer than this ends every process (0: never).
+        watchdog_s=WATCHDOG_S,
+        # The other processes of a multi-process run end this long after one stops sending heartbeats.
+        distributed=dict(peer_timeout_s=PEER_TIMEOUT_S),
+    )
+
+
 def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
     """Loop, mesh and optimizer defaults of `bert_jax.train`; tiny presets run a short demo on a CPU."""
     tiny = size == "tiny"
@@ -256,18 +274,7 @@ def trainer_config(family: str, size: str) -> ml_collections.ConfigDict:
         # data.batch_size over the first `tokens` tokens, in `stages` sizes (each compiles one step program).
         batch_warmup=dict(start=0, tokens=0, stages=4),
         rtd_weight=50.0,  # ELECTRA: loss = generator MLM + rtd_weight * discriminator loss
-        # What an unhealthy step does (bert_jax.health): a NaN/Inf loss or gradient norm, or a spike above the mean
-        # + spike_sigmas standard deviations of the last spike_window healthy steps (0: no spike test). stop: the run
-        # stops and a relaunch resumes from the last checkpoint shown good; skip: non-finite updates are dropped,
-        # up to max_consecutive_skips in a row.
-        nan_policy="stop",
-        max_consecutive_skips=10,
-        spike_window=128,
-        spike_sigmas=6.0,
-        # A step (compiles, saves and evaluations aside) that runs longer than this ends every process (0: never).
-        watchdog_s=WATCHDOG_S,
-        # The other processes of a multi-process run end this long after one stops sending heartbeats.
-        distributed=dict(peer_timeout_s=PEER_TIMEOUT_S),
+        **fault_settings(),
         peak_flops=0.0,  # per device, for MFU; 0 measures a matmul at start
         # Keep compiled XLA programs here across restarts and hosts ("" turns the persistent cache off).
         compilation_cache_dir="",
@@ -325,18 +332,7 @@ def finetune_config(task: str, max_seq_length: int, batch_size: int, learning_ra
             eps=1e-6,
             grad_clip_norm=1.0,
         ),
-        # What an unhealthy step does (bert_jax.health): a NaN/Inf loss or gradient norm, or a spike above the mean
-        # + spike_sigmas standard deviations of the last spike_window healthy steps (0: no spike test). stop: the run
-        # stops and a relaunch resumes from the last checkpoint shown good; skip: non-finite updates are dropped,
-        # up to max_consecutive_skips in a row.
-        nan_policy="stop",
-        max_consecutive_skips=10,
-        spike_window=128,
-        spike_sigmas=6.0,
-        # A step (compiles, saves and evaluations aside) that runs longer than this ends every process (0: never).
-        watchdog_s=WATCHDOG_S,
-        # The other processes of a multi-process run end this long after one stops sending heartbeats.
-        distributed=dict(peer_timeout_s=PEER_TIMEOUT_S),
+        **fault_settings(),
     ))
 
 
