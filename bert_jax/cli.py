@@ -10,10 +10,8 @@ module of TensorFlow and XLA) took up to 40 s on a loaded machine, more than a p
 from __future__ import annotations
 
 import atexit
-import contextlib
 import difflib
 import importlib.util
-import os
 import re
 import sys
 import traceback
@@ -115,11 +113,7 @@ def end_process(code: int) -> NoReturn:
     logging's flush), flush stdout and stderr, and leave without Python's teardown, which only frees memory and
     waits for threads nothing needs any more (tf.data's, Orbax's idle pools, TensorFlow's and XLA's)."""
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed or broken pipe must not keep the process alive
-            stream.flush()
-    native_stderr.finish()
-    os._exit(code)
+    pod.exit_now(code)
 
 
 def run(command: Callable[[list[str]], object]) -> NoReturn:

@@ -108,7 +108,7 @@ def end_now(line: str) -> NoReturn:
     if _pod is not None:
         end_together(line)
     native_stderr.say_last(line)
-    _exit(1)
+    exit_now(1)
 
 
 def end_together(line: str) -> NoReturn:
@@ -124,7 +124,7 @@ def end_together(line: str) -> NoReturn:
             pass
     if pod.process == 0:
         wait_for_the_others(pod)
-    _exit(1)
+    exit_now(1)
 
 
 def wait_for_the_others(pod: _Pod) -> None:
@@ -155,7 +155,9 @@ def _watch() -> None:
         return
 
 
-def _exit(code: int) -> NoReturn:
+def exit_now(code: int) -> NoReturn:
+    """Flush stdout and stderr, let native_stderr's child print what it holds, and leave without Python's teardown
+    or exit handlers."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
