@@ -196,7 +196,21 @@ def wait_for_save(manager: ocp.CheckpointManager) -> None:
     try:
         manager.wait_until_finished()
     except Exception as error:
+        drain_failed_save(manager)
         raise save_error(manager, in_flight, error) from error
+
+
+def drain_failed_save(manager: ocp.CheckpointManager) -> None:
+    """Await the rest of a save that has failed. Orbax's finalize thread stops at the save's first error (its arrays)
+    and leaves the checkpointer's own metadata write unawaited; on a full disk that write fails too, and its error
+    would end the next save or `close()` in a raw traceback. Orbax has no public handle on that checkpointer."""
+    checkpointer = manager._checkpointer  # pylint: disable=protected-access
+    while True:
+        try:
+            checkpointer.wait_until_finished()
+            return
+        except Exception:  # each call raises at most one of the failed save's pending writes
+            continue
 
 
 def save_error(manager: ocp.CheckpointManager, step: int | None, error: BaseException) -> SaveError:

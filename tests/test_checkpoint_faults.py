@@ -4,6 +4,7 @@ kill -9 during a save leaves the previous step as the latest.
 Run as a script, this file is the child process of the subprocess tests: `python test_checkpoint_faults.py CASE DIR`.
 """
 import asyncio
+import errno
 import hashlib
 import logging
 import os
@@ -183,6 +184,31 @@ def test_full_disk_is_one_save_error_and_keeps_the_last_good_step(small_disk):
     step, state = restore_latest(workdir)
     assert step == 1
     assert_state_is(state, 1)
+
+
+def test_a_failed_save_leaves_no_error_pending_for_the_next_save_or_close():
+    """Orbax's finalize thread raises a save's first error and leaves the checkpointer's metadata write unawaited; on
+    a full disk that write fails too (seen in CI), and its error ended the next save. wait_for_save awaits it."""
+    class Checkpointer:
+        pending = [OSError(errno.ENOSPC, "metadata"), OSError(errno.ENOSPC, "metadata")]
+
+        def wait_until_finished(self):
+            if self.pending:
+                raise self.pending.pop(0)
+
+    class Manager:
+        directory, _checkpointer = "/bucket/run/checkpoints", Checkpointer()
+
+        def latest_step(self):
+            return 2
+
+        def wait_until_finished(self):
+            raise OSError(errno.ENOSPC, "arrays")
+
+    manager = Manager()
+    with pytest.raises(checkpoints.SaveError, match="could not save step 2 .*no space left on device"):
+        checkpoints.wait_for_save(manager)
+    assert manager._checkpointer.pending == []
 
 
 def test_failed_save_at_exit_prints_one_short_error(small_disk):
