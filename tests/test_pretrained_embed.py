@@ -10,6 +10,7 @@ import transformers
 from test_modeling_parity import randomize
 
 import bert_jax
+from bert_jax.pretrained import bucketed_length
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -40,15 +41,21 @@ def torch_mean_pooled(model_dir, texts):
 def test_minilm_mean_pooled_embeddings_match_torch(minilm_dir):
     loaded = bert_jax.load_pretrained(minilm_dir)
     reference_ids, reference = torch_mean_pooled(minilm_dir, SENTENCES)
-    ids = loaded.tokenize(SENTENCES)["input_ids"]  # padded further, to a multiple of 32 tokens
+    ids = loaded.tokenize(SENTENCES)["input_ids"]  # padded further, to a multiple of 16 tokens
     np.testing.assert_array_equal(ids[:, :reference_ids.shape[1]], reference_ids)
-    assert ids.shape[1] % 32 == 0 and (ids[:, reference_ids.shape[1]:] == 0).all()
+    assert ids.shape[1] % 16 == 0 and (ids[:, reference_ids.shape[1]:] == 0).all()
     ours = loaded.embed(SENTENCES, pooling="mean", normalize=True)
     assert ours.shape == (4, 384)
     np.testing.assert_allclose(ours, reference, atol=1e-5, rtol=0)
     similarity = ours @ ours.T
     assert similarity[0, 1] > max(similarity[0, 2], similarity[0, 3])  # the paraphrase is the nearest
     assert loaded.embed(SENTENCES[:1], pooling="cls").shape == (1, 384)
+
+
+def test_batches_pad_to_few_lengths_with_little_padding():
+    lengths = [bucketed_length(n) for n in range(1, 513)]
+    assert sorted(set(lengths)) == [*range(16, 129, 16), 160, 192, 224, 256, 320, 384, 448, 512]
+    assert all(n <= padded < n + 16 or padded < 1.25 * n for n, padded in zip(range(1, 513), lengths))
 
 
 def test_vocab_txt_alone_tokenizes_like_tokenizer_json(minilm_dir, tmp_path):
