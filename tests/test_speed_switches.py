@@ -14,19 +14,28 @@ import pytest
 from flax import linen as nn
 
 from bert_jax import config_lib, modeling, objectives, optimizer, train
-from bert_jax.modeling import pretraining_model
+from bert_jax.modeling import pretraining_model, transformer
 from bert_jax.modeling.transformer import attention_kernel, attention_mask_for, dot_product_attention
 from train_helpers import global_batch_at, tiny_config
 
 
-@pytest.mark.parametrize("impl", ["auto", "xla", "reference"])
-def test_fused_attention_equals_the_reference(impl):
+@pytest.mark.parametrize("impl, cache_bytes",
+                         [("auto", None), ("auto", 2 * 4 * 12 * 12 * 4), ("xla", None), ("reference", None)])
+def test_fused_attention_and_its_gradients_equal_the_reference(impl, cache_bytes, monkeypatch):
+    """cache_bytes: cpu_attention (auto on CPU) looping over 2 of the 3 examples at a time (the logits of 2 x 4 heads
+    x 12 x 12), then the last one."""
+    if cache_bytes:
+        monkeypatch.setattr(transformer, "CPU_ATTENTION_BYTES", cache_bytes)
     config = config_lib.load_preset("bert", "tiny").model
     config.attention_impl = impl
-    q, k, v = jax.random.normal(jax.random.key(0), (3, 2, 12, 4, 16))
-    mask = attention_mask_for(jnp.ones((2, 12)).at[1, 7:].set(0), jnp.array([[1] * 5 + [2] * 7, [1] * 12]))
-    reference = nn.dot_product_attention(q, k, v, mask=mask)
-    np.testing.assert_allclose(dot_product_attention(q, k, v, mask, config), reference, atol=1e-6)
+    q, k, v = jax.random.normal(jax.random.key(0), (3, 3, 12, 4, 16))
+    mask = attention_mask_for(jnp.ones((3, 12)).at[1, 7:].set(0), jnp.array([[1] * 5 + [2] * 7, [1] * 12, [1] * 12]))
+    loss = lambda attention: lambda q, k, v: (attention(q, k, v) ** 2).sum()  # noqa: E731
+    ours, reference = (jax.value_and_grad(loss(attention), argnums=(0, 1, 2))(q, k, v) for attention in (
+        lambda q, k, v: dot_product_attention(q, k, v, mask, config), lambda q, k, v: nn.dot_product_attention(
+            q, k, v, mask=mask)))
+    for got, expected in zip(jax.tree.leaves(ours), jax.tree.leaves(reference)):
+        np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
 
 
 def test_attention_kernel_rule():
@@ -52,8 +61,8 @@ def test_training_without_attention_dropout_runs_fused_and_matches_the_reference
     inputs = dict(input_ids=ids, attention_mask=mask, token_type_ids=jnp.zeros_like(ids))
     params = modeling.init_params(pretraining_model(config), jax.random.key(0))
     fused_calls = []
-    fused = jax.nn.dot_product_attention
-    monkeypatch.setattr(jax.nn, "dot_product_attention", lambda *a, **k: fused_calls.append(1) or fused(*a, **k))
+    fused = transformer.cpu_attention  # auto's kernel on CPU off a mesh
+    monkeypatch.setattr(transformer, "cpu_attention", lambda *a, **k: fused_calls.append(1) or fused(*a, **k))
 
     def training_logits(impl):
         config.model.attention_impl = impl

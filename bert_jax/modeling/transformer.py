@@ -272,8 +272,8 @@ def attention_kernel(config: Config, deterministic: bool, seq_length: int | None
     width allow (gpu_attention.auto_kernel; packed rows and local windows then still run XLA's, see there).
     Elsewhere the fused kernels have no dropout on the probabilities, so "auto" trains with the reference whenever
     attention_probs_dropout_prob > 0 (the paper presets) and is fused only without it, and for evaluation and
-    inference. Naming "xla" or "cudnn" while training with attention dropout is an error rather than a silent
-    fallback.
+    inference; on CPU off a mesh that is cpu_attention. Naming "xla" or "cudnn" while training with attention dropout
+    is an error rather than a silent fallback.
     docs/training.md ("Attention kernels and dropout") measures what dropping attention dropout costs.
     """
     dropout = not deterministic and config.attention_probs_dropout_prob > 0.0
@@ -339,6 +339,8 @@ def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=N
         return gpu_attention.attend(query, key, value, mask, half_window)
     if half_window is not None:
         mask = window_mask(mask, half_window)
+    if kernel == "auto" and sharding.target_platform() == "cpu" and sharding.active_spec(PER_HEAD) is None:
+        return cpu_attention(query, key, value, mask)
     if kernel != "reference":
         implementation = None if config.attention_impl == "auto" else kernel  # auto's cuDNN on packed rows: XLA's
         return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation=implementation)
@@ -347,6 +349,26 @@ def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=N
         deterministic=dropout_rng is None, dtype=compute_dtype(config), force_fp32_for_softmax=True,
         einsum=functools.partial(jnp.einsum, preferred_element_type=jnp.float32))
     return jnp.einsum("...hqk,...khd->...qhd", weights.astype(value.dtype), value)
+
+
+CPU_ATTENTION_BYTES = 8 << 20  # the float32 logits a step of cpu_attention's loop makes: about what the caches hold
+
+
+def cpu_attention(query, key, value, mask):
+    """XLA:CPU's attention heads first, and over long rows a few examples at a time: over a whole batch the
+    [B, heads, S, S] logits outgrow the caches (100 MB at MiniLM's 32 x 256). Off a mesh only: the loop runs over the
+    batch axis, which a mesh splits. The same math as the other paths, float32 logits and softmax."""
+    def attend(q, k, v, m):  # one example: q, k, v [S, heads, d], m [1, S, S]
+        q, k, v = (jnp.swapaxes(x, 0, 1) for x in (q, k, v))
+        logits = jnp.einsum("hqd,hkd->hqk", q, k, preferred_element_type=jnp.float32) / np.sqrt(q.shape[-1])
+        probabilities = jax.nn.softmax(jnp.where(m, logits, jnp.finfo(jnp.float32).min), axis=-1)
+        return jnp.swapaxes(jnp.einsum("hqk,hkd->hqd", probabilities.astype(v.dtype), v), 0, 1)
+
+    batch, length, heads, _ = query.shape
+    examples = max(1, CPU_ATTENTION_BYTES // (heads * length * length * 4))
+    if examples >= batch:
+        return jax.vmap(attend)(query, key, value, mask)
+    return jax.lax.map(lambda example: attend(*example), (query, key, value, mask), batch_size=examples)
 
 
 def splash_block(seq_length: int, half_window: int | None = None) -> int:
