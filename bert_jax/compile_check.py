@@ -420,7 +420,8 @@ def attention_on(mesh, config) -> str:
 
 def overshoot_message(row: dict, config) -> str:
     """The one line for a step that does not fit: the overshoot in GB against the compiler's HBM, and only the knobs
-    that shrink this config's memory (without remat, scanning keeps more than the unscanned step: no advice then)."""
+    that shrink this config's memory (without remat, scanning keeps about what the unscanned step keeps: no advice
+    then)."""
     fits = predicted_largest_batch(row) if row.get("temp_gb") else 0
     knobs = [f"config.data.batch_size={fits * row['chips']} ({fits} a chip, what its memory per example fits; now "
              f"{row['batch_per_chip']:g})" if fits else

@@ -33,7 +33,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
-from jax.ad_checkpoint import checkpoint_name
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
@@ -406,11 +405,8 @@ def _attention(q, k, v, segment_ids, keys, tiling: Tiling, rate: float, interpre
     return _forward(q, k, v, segment_ids, keys, tiling, rate, interpret)[0]
 
 
-RESIDUALS = "attention_residuals"  # what a remat policy names to keep the kernel's output and logsumexp
-
-
 def _attention_forward(q, k, v, segment_ids, keys, tiling, rate, interpret):
-    out, lse = (checkpoint_name(x, RESIDUALS) for x in _forward(q, k, v, segment_ids, keys, tiling, rate, interpret))
+    out, lse = _forward(q, k, v, segment_ids, keys, tiling, rate, interpret)
     return out, (q, k, v, segment_ids, keys, out, lse)
 
 

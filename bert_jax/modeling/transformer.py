@@ -46,13 +46,15 @@ REMAT_POLICIES = {
     "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
 # What a scanned layer keeps for its backward pass without remat (checkpoint_name in TransformerLayer): Q, K and V,
-# the attention kernel's residuals, the LayerNorms' inputs and the FFN's pre-activation; the rest (GELU, LayerNorm,
-# dropout) is recomputed in the backward pass. Left to scan's own autodiff, the loop stacked every intermediate of
-# those besides, copying each into the stack at every iteration: BERT-base with 4 layers at 256 x 128 a chip on
-# v5p-8 (compiler's estimates) took 10.6 GB of temporaries and 31.7 ms, now 6.4 GB and 29.2 ms (unscanned: 4.6, 23.1;
-# keeping the first LayerNorm's output too: 6.5 GB, 29.3 ms).
+# the LayerNorms' inputs and the FFN's pre-activation; the rest (GELU, LayerNorm, dropout, and the attention kernel's
+# forward, for its output and logsumexp) is recomputed in the backward pass. Left to scan's own autodiff, the loop
+# stacked every intermediate of those besides, copying each into the stack at every iteration: BERT-base with 4
+# layers at 256 x 128 a chip on v5p-8 (compiler's estimates) took 10.6 GB of temporaries and 31.7 ms, then 6.4 GB and
+# 29.2 ms (unscanned: 4.6, 23.1; keeping the first LayerNorm's output too: 6.5 GB, 29.3 ms). Keeping the kernel's
+# output as well cost a heads-first copy into its stack that took longer than running the kernel again: 12 layers,
+# 13.8 GB and 79.9 ms with it, 12.8 GB and 79.2 ms without (unscanned: 12.8 GB, 61.9 ms; docs/tpu.md).
 QKV = "attention_qkv"
-LAYER_ACTIVATIONS = (QKV, flash_attention.RESIDUALS, "attention_sum", "intermediate", "output_sum")
+LAYER_ACTIVATIONS = (QKV, "attention_sum", "intermediate", "output_sum")
 SCANNED_SAVES = jax.checkpoint_policies.save_only_these_names(*LAYER_ACTIVATIONS)
 
 Config = ml_collections.ConfigDict
@@ -417,8 +419,7 @@ def splash_kernel(seq_length: int, heads: int, half_window: int | None, interpre
                                block_kv_dkv=block, block_kv_dkv_compute=block, use_fused_bwd_kernel=fused,
                                **dq_blocks)
     return splash.make_splash_mha(splash.MultiHeadMask([mask] * heads), block_sizes=blocks, head_shards=1,
-                                  q_seq_shards=1, interpret=interpret,
-                                  residual_checkpoint_name=flash_attention.RESIDUALS)
+                                  q_seq_shards=1, interpret=interpret)
 
 
 def splash_attention(query, key, value, segment_ids, half_window: int | None, dropout_rng=None, rate: float = 0.0):
