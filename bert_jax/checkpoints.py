@@ -205,11 +205,11 @@ def drain_failed_save(manager: ocp.CheckpointManager) -> None:
     and leaves the checkpointer's own metadata write unawaited; on a full disk that write fails too, and its error
     would end the next save or `close()` in a raw traceback. Orbax has no public handle on that checkpointer."""
     checkpointer = manager._checkpointer  # pylint: disable=protected-access
-    while True:
+    for _ in range(16):  # each call raises at most one of the save's few pending writes; bounded, so it cannot spin
         try:
             checkpointer.wait_until_finished()
             return
-        except Exception:  # each call raises at most one of the failed save's pending writes
+        except Exception:
             continue
 
 
