@@ -30,10 +30,12 @@ def test_fused_attention_and_its_gradients_equal_the_reference(impl, cache_bytes
     config.attention_impl = impl
     q, k, v = jax.random.normal(jax.random.key(0), (3, 3, 12, 4, 16))
     mask = attention_mask_for(jnp.ones((3, 12)).at[1, 7:].set(0), jnp.array([[1] * 5 + [2] * 7, [1] * 12, [1] * 12]))
-    loss = lambda attention: lambda q, k, v: (attention(q, k, v) ** 2).sum()  # noqa: E731
-    ours, reference = (jax.value_and_grad(loss(attention), argnums=(0, 1, 2))(q, k, v) for attention in (
-        lambda q, k, v: dot_product_attention(q, k, v, mask, config), lambda q, k, v: nn.dot_product_attention(
-            q, k, v, mask=mask)))
+
+    def value_and_grads(attention):
+        return jax.value_and_grad(lambda q, k, v: (attention(q, k, v) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
+
+    ours = value_and_grads(lambda q, k, v: dot_product_attention(q, k, v, mask, config))
+    reference = value_and_grads(lambda q, k, v: nn.dot_product_attention(q, k, v, mask=mask))
     for got, expected in zip(jax.tree.leaves(ours), jax.tree.leaves(reference)):
         np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)
 
