@@ -208,7 +208,8 @@ def main():
             row = compile_row(*row_args, batches[base])
         else:
             row = largest_batch(*row_args)
-        row.update(name=name, base_name=base + suffix, preset=f"{family}-{size}", batch_given=base in batches,
+        row.update(name=name, base_name=base + suffix, preset=f"{family}-{size}",
+                   batch_given=base in batches and not to_confirm,
                    attention_dropout=args.attention_dropout)
         if row["fits"] and row["est_step_s"]:
             tokens_per_s = row["est_tokens_per_s_per_chip"] * row["chips"]
