@@ -6,8 +6,9 @@ from the repository on a machine with no network.
     python benchmarks/device_check.py --profile=DIR [--run=base] [--set scan_layers=true]   # kernels a step
     python benchmarks/device_check.py --cpu --out=check.json                # the same code path at tiny sizes
 
-Measures, in bfloat16 (float32 master weights), for BERT-base at 256 x 128 and BERT-large at 64 x 512 without
-attention dropout: bert_jax's train step (forward, backward, AdamW) and its peer, HF's BertForPreTraining with
+Measures, in bfloat16 (float32 master weights), for BERT-base at 256 x 128, BERT-large at 64 x 512 and
+ModernBERT-base at 32 x 1024 (its local and global layers) without attention dropout: bert_jax's train step (forward,
+backward, AdamW) and its peer, HF's BertForPreTraining (ModernBertForMaskedLM) with
 attn_implementation="sdpa" under torch.autocast(bfloat16), fused AdamW and the same gradient clipping and dropout,
 eager and under torch.compile, on the same synthetic batches with the same masked positions. The three alternate,
 window by window, so that background load hits all of them; the median window gives tokens/s, MFU (model FLOPs of
@@ -61,16 +62,19 @@ from flax import linen as nn  # noqa: E402
 
 from bert_jax import flops  # noqa: E402
 from bert_jax.modeling import gpu_attention, transformer  # noqa: E402
-from train_step import benchmark_config, hf_model, jax_step, matmul_peak_flops, synthetic_batch  # noqa: E402
+from train_step import (benchmark_config, hf_adamw, hf_inputs, hf_model, jax_step, matmul_peak_flops,  # noqa: E402
+                        synthetic_batch)
 
 H100_BF16_PEAK = 989e12
 NO_ATTENTION_DROPOUT = ["dtype=bfloat16", "attention_probs_dropout_prob=0"]  # cuDNN attention on both sides
-# (model, batch, seq, model switches) of the two runs; --cpu: the tiny preset under the base run's JSON key (the
-# large run's code path is the same).
+# (model, batch, seq, model switches) of the runs against the peer; --cpu: the tiny presets under the base and
+# ModernBERT runs' JSON keys (the large run's code path is the base run's).
 ACCELERATOR_RUNS = {"base": ("bert-base", 256, 128, NO_ATTENTION_DROPOUT),
-                    "large": ("bert-large", 64, 512, NO_ATTENTION_DROPOUT)}
-CPU_RUNS = {"base": ("bert-tiny", 4, 32, NO_ATTENTION_DROPOUT)}
-RUN_KEYS = {"base": "bert_base_seq128", "large": "bert_large_seq512"}
+                    "large": ("bert-large", 64, 512, NO_ATTENTION_DROPOUT),
+                    "modernbert": ("modernbert-base", 32, 1024, NO_ATTENTION_DROPOUT)}
+CPU_RUNS = {"base": ("bert-tiny", 4, 32, NO_ATTENTION_DROPOUT),
+            "modernbert": ("modernbert-tiny", 2, 64, NO_ATTENTION_DROPOUT)}
+RUN_KEYS = {"base": "bert_base_seq128", "large": "bert_large_seq512", "modernbert": "modernbert_base_seq1024"}
 # Variants of BERT-base's step, each timed against it window by window, most telling first (the time budget may end
 # the list): (name, model switches, XLA compiler options, what it tests). docs/training.md ("GPU") predicts each.
 VARIANTS = [
@@ -83,7 +87,8 @@ VARIANTS = [
     ("remat_dots", ["remat_policy=dots"], {}, "recomputing the elementwise ops: less memory traffic, more work"),
 ]
 CPU_VARIANTS = VARIANTS[1:2]  # --cpu: XLA:CPU has no GPU flags; one variant covers the code path
-PARTS = ("base", "agreement", "large", "attention", "variants")  # in the order they run, most needed first
+# The parts in the order they run, most needed first.
+PARTS = ("base", "agreement", "large", "attention", "modernbert", "variants")
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -149,27 +154,13 @@ class PeerRun:
         if hasattr(model, "set_attn_implementation"):  # sdpa is transformers 5's default; named where it can be
             model.set_attn_implementation("sdpa")
         self.attention = model.config._attn_implementation  # noqa: SLF001 - what the forward dispatches on
-        decay = [p for n, p in model.named_parameters() if not ("bias" in n or "LayerNorm" in n)]
-        no_decay = [p for n, p in model.named_parameters() if "bias" in n or "LayerNorm" in n]
-        self.params = decay + no_decay
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}], lr=1e-4,
-            eps=config.optimizer.eps, fused=self.device == "cuda")
+        self.params = list(model.parameters())
+        self.optimizer = hf_adamw(model, config, fused=self.device == "cuda")
         self.model = torch.compile(model, backend=compile_backend) if compile_backend else model
-        self.batches = [self.inputs(batch) for batch in batches]
+        self.batches = [hf_inputs(config, batch, self.device) for batch in batches]
         for batch in self.batches[:2]:  # the first steps compile (torch.compile) or warm up the kernels
             self.step(batch)
         self.synchronize()
-
-    def inputs(self, batch: dict) -> dict:
-        import torch
-
-        tensor = lambda key: torch.from_numpy(batch[key]).long().to(self.device)  # noqa: E731
-        labels = torch.full_like(tensor("input_ids"), -100).scatter_(1, tensor("masked_lm_positions"),
-                                                                     tensor("masked_lm_ids"))
-        return dict(input_ids=tensor("input_ids"), attention_mask=tensor("input_mask"),
-                    token_type_ids=tensor("segment_ids"), labels=labels,
-                    next_sentence_label=tensor("next_sentence_labels"))
 
     def step(self, batch: dict):
         import torch
@@ -432,13 +423,13 @@ def run_check(args, runs: dict, variant_list: list, agreement_steps: int, peak: 
     base_config = benchmark_config(model, batch, seq, switches)
     base_batches = make_batches(base_config, max(agreement_steps, args.steps))
     for part in PARTS:
-        if part not in wanted or part == "large" and part not in runs:
+        if part not in wanted or part in RUN_KEYS and part not in runs:
             continue
         if time.perf_counter() - started > args.budget_s:
             skipped.append(part)
             continue
         part_started = time.perf_counter()
-        if part in ("base", "large"):
+        if part in RUN_KEYS:
             model, batch, seq, switches = runs[part]
             config = base_config if part == "base" else benchmark_config(model, batch, seq, switches)
             batches = base_batches if part == "base" else make_batches(config, args.steps)

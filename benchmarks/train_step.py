@@ -28,7 +28,11 @@ from bert_jax.config_lib import generator_config  # noqa: E402
 from bert_jax.modeling import objective_head, pretraining_model  # noqa: E402
 
 MODELS = {"bert-base": ("bert", "base"), "roberta-base": ("roberta", "base"), "albert-base": ("albert", "base"),
-          "electra-small": ("electra", "small"), "bert-large": ("bert", "large"), "bert-tiny": ("bert", "tiny")}
+          "electra-small": ("electra", "small"), "bert-large": ("bert", "large"), "bert-tiny": ("bert", "tiny"),
+          "modernbert-base": ("modernbert", "base"), "modernbert-tiny": ("modernbert", "tiny")}
+# The HF forward's keyword and the batch's key of each objective's sentence-level label.
+SENTENCE_LABELS = {"mlm_nsp": ("next_sentence_label", "next_sentence_labels"),
+                   "mlm_sop": ("sentence_order_label", "sentence_order_labels")}
 
 
 def benchmark_config(model_name: str, batch: int, seq: int, switches: list[str]):
@@ -88,37 +92,57 @@ def hf_model(config):
     return build(model, head)
 
 
+def hf_inputs(config, batch: dict, device: str = "cpu") -> dict:
+    """The HF forward's keyword arguments for a synthetic batch: MLM labels at the masked positions (-100 elsewhere,
+    so HF's head runs over every position), segment ids where the model has segment embeddings (ModernBERT has
+    none), and the objective's sentence label."""
+    import torch
+
+    tensor = lambda key: torch.from_numpy(batch[key]).long().to(device)  # noqa: E731
+    inputs = dict(input_ids=tensor("input_ids"), attention_mask=tensor("input_mask"),
+                  labels=torch.full_like(tensor("input_ids"), -100).scatter_(1, tensor("masked_lm_positions"),
+                                                                             tensor("masked_lm_ids")))
+    if config.model.type_vocab_size > 1:
+        inputs["token_type_ids"] = tensor("segment_ids")
+    if config.objective in SENTENCE_LABELS:
+        hf_key, batch_key = SENTENCE_LABELS[config.objective]
+        inputs[hf_key] = tensor(batch_key)
+    return inputs
+
+
+def hf_adamw(model, config, fused: bool):
+    """torch's AdamW with benchmark_config's settings, weight decay off biases and norms as bert_jax's
+    (BERT's LayerNorm, ModernBERT's norm)."""
+    import torch
+
+    named = list(model.named_parameters())
+    undecayed = [("bias" in name or "norm" in name.lower()) for name, _ in named]
+    return torch.optim.AdamW(
+        [{"params": [p for (_, p), skip in zip(named, undecayed) if not skip], "weight_decay": 0.01},
+         {"params": [p for (_, p), skip in zip(named, undecayed) if skip], "weight_decay": 0.0}],
+        lr=config.optimizer.learning_rate, eps=config.optimizer.eps, fused=fused)
+
+
 def torch_step(config):
     """The same update in PyTorch: MLM over all positions with -100 labels elsewhere (HF's way), AdamW, clipping."""
     import torch
 
     model = hf_model(config).train()
     params = list(model.parameters())
-    decay = [p for n, p in model.named_parameters() if not ("bias" in n or "LayerNorm" in n)]
-    no_decay = [p for n, p in model.named_parameters() if "bias" in n or "LayerNorm" in n]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-4, eps=config.optimizer.eps)
+    opt = hf_adamw(model, config, fused=False)
 
     def step(batch):
-        ids = torch.from_numpy(batch["input_ids"]).long()
-        mask = torch.from_numpy(batch["input_mask"]).long()
-        types = torch.from_numpy(batch["segment_ids"]).long()
-        labels = torch.full_like(ids, -100).scatter_(1, torch.from_numpy(batch["masked_lm_positions"]).long(),
-                                                     torch.from_numpy(batch["masked_lm_ids"]).long())
-        inputs = dict(input_ids=ids, attention_mask=mask, token_type_ids=types)
+        inputs = hf_inputs(config, batch)
         if config.objective == "rtd":
+            labels, ids = inputs.pop("labels"), inputs["input_ids"]
             gen = model["generator"](**inputs, labels=labels)
             noise = -torch.log(-torch.log(torch.rand_like(gen.logits)))
             sampled = torch.where(labels >= 0, (gen.logits.detach() + noise).argmax(-1), ids)
-            disc = model["discriminator"](input_ids=sampled, attention_mask=mask, token_type_ids=types,
+            disc = model["discriminator"](**{**inputs, "input_ids": sampled},
                                           labels=(sampled != torch.where(labels >= 0, labels, ids)).long())
             loss = gen.loss + config.rtd_weight * disc.loss
-        elif config.objective == "mlm":
-            loss = model(**inputs, labels=labels).loss
         else:
-            label_key = "next_sentence_label" if config.objective == "mlm_nsp" else "sentence_order_label"
-            label_batch = "next_sentence_labels" if config.objective == "mlm_nsp" else "sentence_order_labels"
-            loss = model(**inputs, labels=labels, **{label_key: torch.from_numpy(batch[label_batch]).long()}).loss
+            loss = model(**inputs).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()

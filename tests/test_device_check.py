@@ -42,13 +42,17 @@ def test_device_check_cpu_path_runs_both_frameworks_and_writes_finite_figures_wi
     assert result["platform"] == "cpu" and result["peak_flops"] > 0
     assert datetime.datetime.fromisoformat(result["date"]).tzinfo is not None
     assert {"jax", "jaxlib", "flax", "torch", "transformers"} <= set(result["versions"])
-    row = result["bert_base_seq128"]  # bert-tiny here; --cpu runs no second (large) run, whose code is the same
-    for key in ("tokens_per_s", "mfu", "model_flops_per_step", "step_seconds", "peer_eager_tokens_per_s",
-                "peer_compiled_tokens_per_s", "ratio_vs_eager", "ratio_vs_compiled"):
-        assert positive(row[key]), key
-    assert row["ratio_vs_eager"] == pytest.approx(row["tokens_per_s"] / row["peer_eager_tokens_per_s"])
-    assert row["ratio_vs_compiled"] == pytest.approx(row["tokens_per_s"] / row["peer_compiled_tokens_per_s"])
-    assert row["peer_attention"] == "sdpa"
+    # The tiny presets here (bert-tiny, modernbert-tiny); --cpu runs no large run, whose code is the base run's.
+    assert result["bert_base_seq128"]["model"] == "bert-tiny"
+    assert result["modernbert_base_seq1024"]["model"] == "modernbert-tiny"
+    for run in ("bert_base_seq128", "modernbert_base_seq1024"):
+        row = result[run]
+        for key in ("tokens_per_s", "mfu", "model_flops_per_step", "step_seconds", "peer_eager_tokens_per_s",
+                    "peer_compiled_tokens_per_s", "ratio_vs_eager", "ratio_vs_compiled"):
+            assert positive(row[key]), (run, key)
+        assert row["ratio_vs_eager"] == pytest.approx(row["tokens_per_s"] / row["peer_eager_tokens_per_s"])
+        assert row["ratio_vs_compiled"] == pytest.approx(row["tokens_per_s"] / row["peer_compiled_tokens_per_s"])
+        assert row["peer_attention"] == "sdpa"
     assert result["peer_compile_backend"] == "eager"
     agreement = result["loss_agreement"]
     assert agreement["steps"] == 3
