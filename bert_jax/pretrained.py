@@ -52,6 +52,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "merges.txt")
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 FORMATS = ("hf", "bert_jax", "sentence-transformers")
+CPU_CALL_BYTES = 12 << 20  # an encoder call's activations on the CPU (cpu_rows_per_call): 1024 of MiniLM's tokens
 
 
 class OutputExistsError(UserError, FileExistsError):
@@ -99,8 +100,22 @@ class Pretrained:
         ids = np.asarray(input_ids, np.int32)
         mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, np.int32)
         types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids, np.int32)
-        outputs = self._encode_fn(self.backbone_params(), ids, mask, types)
-        return {name: np.asarray(value) for name, value in outputs.items()}
+        count = len(ids)
+        rows = cpu_rows_per_call(self.config, ids.shape[1]) if self._on_one_cpu else count
+        if count <= rows:
+            return {name: np.asarray(value) for name, value in self._encode_fn(
+                self.backbone_params(), ids, mask, types).items()}
+        padded = -(-count // rows) * rows  # the last call padded to `rows`: one compiled shape a length
+        ids, mask, types = (np.pad(array, ((0, padded - count), (0, 0))) for array in (ids, mask, types))
+        calls = [self._encode_fn(self.backbone_params(), ids[start:start + rows], mask[start:start + rows],
+                                 types[start:start + rows]) for start in range(0, padded, rows)]
+        return {name: np.concatenate([np.asarray(call[name]) for call in calls])[:count] for name in calls[0]}
+
+    @functools.cached_property
+    def _on_one_cpu(self) -> bool:
+        """The params sit on one CPU device (load_pretrained without a mesh)."""
+        devices = {device for leaf in jax.tree.leaves(self.params) for device in leaf.sharding.device_set}
+        return len(devices) == 1 and devices.pop().platform == "cpu"
 
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         """[CLS] text [SEP] per text, truncated to the model's length (or the pooling's max_seq_length) and padded
@@ -171,6 +186,16 @@ def bucketed_length(longest: int) -> int:
     sentences multiples of 32 padded the work by 25%, these by 13%, for 3 more compiles (benchmarks/RESULTS.md)."""
     step = max(16, (1 << (longest - 1).bit_length()) // 8)
     return -(-longest // step) * step
+
+
+def cpu_rows_per_call(config: ml_collections.ConfigDict, length: int) -> int:
+    """How many rows of `length` tokens an encoder call on the CPU takes at once: a power of two whose float32
+    activations (the FFN's width and four hidden-wide tensors a token) stay within CPU_CALL_BYTES. XLA:CPU allocates
+    a call's temporaries afresh, and glibc maps those above its 32 MB mmap ceiling as new pages, faulted in on every
+    call: MiniLM at 32 x 256 in one call faulted 303k pages and took 995 ms (1.80 s of CPU time), in calls of 4 rows
+    none and 613 ms (1.12 s) (benchmarks/RESULTS.md, "Train step and embeddings on CPU")."""
+    per_row = length * 4 * (config.intermediate_size + 4 * config.hidden_size)
+    return 1 << max(0, (CPU_CALL_BYTES // per_row).bit_length() - 1)
 
 
 def max_tokens(config: ml_collections.ConfigDict) -> int:

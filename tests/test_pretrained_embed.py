@@ -10,6 +10,7 @@ import transformers
 from test_modeling_parity import randomize
 
 import bert_jax
+from bert_jax import pretrained
 from bert_jax.pretrained import bucketed_length
 
 SENTENCES = [
@@ -87,3 +88,22 @@ def test_fill_mask_ranks_like_transformers(minilm_dir, tmp_path):
     assert len(predictions) == 1
     assert [token for token, _ in predictions[0]] == tokenizer.convert_ids_to_tokens(top.tolist())
     np.testing.assert_allclose([p for _, p in predictions[0]], probabilities[top], atol=1e-5)
+
+
+def test_cpu_encoder_calls_of_few_rows_give_what_one_call_gives(minilm_dir, monkeypatch):
+    """On the CPU, encode splits a batch into calls of cpu_rows_per_call rows (the last one padded): the outputs
+    are those of one call, in order, without the padding rows."""
+    loaded = bert_jax.load_pretrained(minilm_dir)
+    inputs = loaded.tokenize(SENTENCES + SENTENCES[:1])  # 5 rows: two calls of 2 and a padded one
+    length = inputs["input_ids"].shape[1]
+    whole = loaded.encode(**inputs)
+    assert pretrained.cpu_rows_per_call(loaded.config, length) >= 5  # one call at the default budget
+    per_row = length * 4 * (loaded.config.intermediate_size + 4 * loaded.config.hidden_size)
+    monkeypatch.setattr(pretrained, "CPU_CALL_BYTES", 3 * per_row)
+    assert pretrained.cpu_rows_per_call(loaded.config, length) == 2
+    split = loaded.encode(**inputs)
+    assert split.keys() == whole.keys() == {"last_hidden_state", "pooler_output"}
+    for name in whole:
+        assert split[name].shape == whole[name].shape
+        np.testing.assert_allclose(split[name], whole[name], atol=1e-5, rtol=1e-4)  # other matmul shapes
+    np.testing.assert_allclose(split["last_hidden_state"][4], split["last_hidden_state"][0], atol=1e-5, rtol=0)
