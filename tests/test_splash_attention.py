@@ -130,3 +130,38 @@ def test_local_layers_count_only_their_window_in_the_flops():
     saved = flops.encoder_forward_flops(global_only, 8192) - flops.encoder_forward_flops(base, 8192)
     local_layers = sum(not modernbert.is_global_layer(base, i) for i in range(base.num_hidden_layers))
     assert saved == local_layers * 4 * base.hidden_size * (8192 ** 2 - flops.attended_pairs(8192, 64))
+
+
+def test_bert_with_splash_matches_the_reference_model():
+    """A tiny BERT on padded rows, whose splash layers take the query scaled in its projection (query_key_value's
+    scale_query): the same hidden states and parameter gradients as the reference attention at the real tokens.
+    Heads 24 wide, so that 1/sqrt(d) is no power of two."""
+    seq = 128
+    input_ids = np.random.default_rng(0).integers(5, 1000, size=(2, seq))
+    _, _, _, attention_mask, _ = inputs(seq, packed=False)
+    real = np.asarray(attention_mask)[:, :, None]
+    weights = jax.random.normal(jax.random.key(1), (2, seq, 96))
+    results = {}
+    for impl in ("reference", "splash"):
+        config = config_lib.load_preset("bert", "tiny").model
+        config.update(attention_impl=impl, attention_probs_dropout_prob=0.0, hidden_size=96)
+        model = transformer.EncoderModel(config)
+        params = nn.unbox(model.init(jax.random.key(0), input_ids, attention_mask)["params"])
+
+        def loss(params):
+            hidden = model.apply({"params": params}, input_ids, attention_mask)["last_hidden_state"]
+            return jnp.sum(hidden * weights * real), hidden
+
+        results[impl] = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+    (_, ours), our_grads = results["splash"]
+    (_, ref), ref_grads = results["reference"]
+    np.testing.assert_allclose(ours * real, ref * real, atol=2e-5)
+    jax.tree.map(lambda ours, ref: np.testing.assert_allclose(ours, ref, rtol=1e-4, atol=1e-4), our_grads, ref_grads)
+
+
+def test_only_splash_takes_a_query_scaled_in_advance():
+    q, k, v, attention_mask, _ = inputs(128, packed=False)
+    config = config_lib.model_config("bert", attention_impl="xla", attention_probs_dropout_prob=0.0)
+    mask = transformer.layer_mask(config, attention_mask, None, deterministic=True)
+    with pytest.raises(ValueError, match="splash only"):
+        transformer.dot_product_attention(q, k, v, mask, config, scaled_query=True)
