@@ -17,7 +17,9 @@ BERT-base's loss after 50 steps in bfloat16 and in float32 from the same initial
 at BERT-large's shapes, and for packed rows and ModernBERT's local window, with each kernel JAX offers; variants of
 the step (one switch or XLA flag each, alternating with the BERT-base step: their speed ratio); the device's peak
 memory. Parts run in the order of PARTS while --budget_s allows (420 s: the last one started ends within 8 minutes on
-an H200), the rest is listed under "skipped". Prints the figures, writes them to --out and ends with one JSON line.
+an H200), the rest is listed under "skipped". Writes the figures to --out after every part (the parts not yet run
+under "unfinished": a run stopped by the device's time limit keeps what it measured), prints them at the end and
+ends with one JSON line.
 --profile traces a few steps of one run instead (jax.profiler, with a Perfetto trace) and sums the device's kernels a
 step by kind and by name.
 
@@ -415,16 +417,19 @@ def profile(config, steps: int, directory: pathlib.Path) -> dict:
 # ------------------------------------------------------------------------------------------------------------------
 
 
-def run_check(args, runs: dict, variant_list: list, agreement_steps: int, peak: float, started: float) -> dict:
-    """The parts of PARTS asked for (--only), in that order, while the time budget lasts; each part's seconds."""
+def run_check(args, runs: dict, variant_list: list, agreement_steps: int, peak: float, started: float,
+              save) -> dict:
+    """The parts of PARTS asked for (--only), in that order, while the time budget lasts; each part's seconds. After
+    each part, `save` gets the figures so far, with the parts still to run as "unfinished": a run that the device's
+    time limit stops keeps what it measured."""
     result, seconds, skipped, base_run = {}, {}, [], None
     wanted = args.only.split(",") if args.only else PARTS
+    unfinished = [part for part in PARTS if part in wanted and not (part in RUN_KEYS and part not in runs)]
     model, batch, seq, switches = runs["base"]
     base_config = benchmark_config(model, batch, seq, switches)
     base_batches = make_batches(base_config, max(agreement_steps, args.steps))
-    for part in PARTS:
-        if part not in wanted or part in RUN_KEYS and part not in runs:
-            continue
+    while unfinished:
+        part = unfinished.pop(0)
         if time.perf_counter() - started > args.budget_s:
             skipped.append(part)
             continue
@@ -448,7 +453,8 @@ def run_check(args, runs: dict, variant_list: list, agreement_steps: int, peak: 
             result["variants"], left_out = variants(runs["base"], base_run, variant_list, args, started)
             skipped += left_out
         seconds[part] = time.perf_counter() - part_started
-    return {**result, "part_seconds": seconds, "skipped": skipped}
+        save({**result, "part_seconds": seconds, "skipped": skipped, "unfinished": unfinished})
+    return {**result, "part_seconds": seconds, "skipped": skipped, "unfinished": unfinished}
 
 
 def versions() -> dict:
@@ -543,16 +549,26 @@ def main() -> None:
     peak = args.peak_flops or (matmul_peak_flops(with_torch=False) if args.cpu else H100_BF16_PEAK)
 
     started = time.perf_counter()
-    result = run_check(args, runs, CPU_VARIANTS if args.cpu else VARIANTS, agreement_steps, peak, started)
-    result.update(
-        device=jax.devices()[0].device_kind, platform=jax.default_backend(),
-        date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), versions=versions(),
-        jax_version=jax.__version__, peak_flops=peak, memory=peak_memory(), seconds=time.perf_counter() - started,
-        peer_compile_backend=args.compile_backend if args.peer == "transformers" else None,
-        wheels=[pathlib.Path(wheel).name for wheel in WHEELS], tensorflow_imported="tensorflow" in sys.modules)
-    result["all_finite"] = all(math.isfinite(v) for v in floats(result))  # a NaN step or a zero-time window
+
+    def with_run_facts(figures: dict) -> dict:
+        """The figures with what identifies the run: device, date, versions, the time so far, peak memory."""
+        full = {**figures, "device": jax.devices()[0].device_kind, "platform": jax.default_backend(),
+                "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                "versions": versions(), "jax_version": jax.__version__, "peak_flops": peak, "memory": peak_memory(),
+                "seconds": time.perf_counter() - started,
+                "peer_compile_backend": args.compile_backend if args.peer == "transformers" else None,
+                "wheels": [pathlib.Path(wheel).name for wheel in WHEELS],
+                "tensorflow_imported": "tensorflow" in sys.modules}
+        full["all_finite"] = all(math.isfinite(v) for v in floats(full))  # a NaN step or a zero-time window
+        return full
+
+    def save(figures: dict) -> dict:
+        full = with_run_facts(figures)
+        pathlib.Path(args.out).write_text(json.dumps(full, indent=1) + "\n")
+        return full
+
+    result = save(run_check(args, runs, CPU_VARIANTS if args.cpu else VARIANTS, agreement_steps, peak, started, save))
     print_summary(result)
-    pathlib.Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result))
 
 

@@ -1,12 +1,15 @@
 """benchmarks/device_check.py at tiny sizes on the CPU: the code path an accelerator machine without network runs,
 bert_jax beside its HF transformers peer (torch.compile with the eager backend: the code path, not inductor's C++)."""
 import datetime
+import importlib.util
 import json
 import math
 import os
 import pathlib
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 
@@ -38,7 +41,7 @@ def test_device_check_cpu_path_runs_both_frameworks_and_writes_finite_figures_wi
     assert json.loads(completed.stdout.strip().splitlines()[-1]) == result
 
     assert result["tensorflow_imported"] is False
-    assert result["all_finite"] is True and result["skipped"] == []
+    assert result["all_finite"] is True and result["skipped"] == [] and result["unfinished"] == []
     assert result["platform"] == "cpu" and result["peak_flops"] > 0
     assert datetime.datetime.fromisoformat(result["date"]).tzinfo is not None
     assert {"jax", "jaxlib", "flax", "torch", "transformers"} <= set(result["versions"])
@@ -81,3 +84,24 @@ def test_profile_mode_sums_the_kernels_of_a_step(tmp_path):
     assert pathlib.Path(row["trace"]).is_file() and str(tmp_path) in row["trace"]
     assert positive(row["device_ms_per_step"]) and row["top_kernels_ms_per_step"]
     assert sum(row["ms_per_step_by_kind"].values()) == pytest.approx(row["device_ms_per_step"])
+
+
+def test_each_part_is_saved_as_it_finishes_so_a_stopped_run_keeps_it(monkeypatch):
+    """run_check hands the figures to `save` after every part, naming the parts still to run: the device's time limit
+    may stop the run in any part. (The parts themselves are faked: this is about the order of saving.)"""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("device_check", REPO / "benchmarks" / "device_check.py")
+    check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(check)
+    monkeypatch.setattr(check, "JaxRun", lambda config, batches: types.SimpleNamespace(first_pass_loss=1.0))
+    monkeypatch.setattr(check, "loss_agreement", lambda run, batches, bf16: {"loss_bfloat16": bf16})
+    monkeypatch.setattr(check, "attention_kernels", lambda on_gpu: {"case": {"ms": 1.0}})
+    saved = []
+    args = types.SimpleNamespace(only="attention,agreement", budget_s=1e9, steps=1)
+    result = check.run_check(args, check.CPU_RUNS, [], 1, 1.0, time.perf_counter(),
+                             lambda figures: saved.append(json.loads(json.dumps(figures))))
+    assert [figures["unfinished"] for figures in saved] == [["attention"], []]  # PARTS' order, not --only's
+    assert saved[0]["loss_agreement"] == {"loss_bfloat16": 1.0} and "attention" not in saved[0]
+    assert saved[1]["attention"] == {"case": {"ms": 1.0}} and set(saved[1]["part_seconds"]) == {"agreement",
+                                                                                                  "attention"}
+    assert result == saved[-1]
