@@ -426,6 +426,12 @@ def splash_kernel(seq_length: int, heads: int, half_window: int | None, interpre
                                   q_seq_shards=1, interpret=interpret)
 
 
+def logit_scale(head_dim: int) -> float:
+    """1/sqrt(d), the scale of the attention logits, for the kernels that take it on the query: one definition, so
+    that a query scaled in its projection (query_key_value) and one scaled in splash_attention round alike."""
+    return 1.0 / float(np.sqrt(head_dim))
+
+
 def splash_attention(query, key, value, segment_ids, half_window: int | None, dropout_rng=None, rate: float = 0.0,
                      scaled_query: bool = False):
     """Flash attention over [B, S, heads, d] with [B, S] segment ids (segment_ids_for): Pallas' splash kernel, or,
@@ -445,7 +451,7 @@ def splash_attention(query, key, value, segment_ids, half_window: int | None, dr
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     interpret = sharding.target_platform() != "tpu"
-    scale = 1.0 / float(np.sqrt(query.shape[-1]))
+    scale = logit_scale(query.shape[-1])
     heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, heads, d] <-> [B, heads, S, d]
     spec = sharding.active_spec(PER_HEAD)
     dropout = dropout_rng is not None and rate > 0.0
@@ -514,7 +520,7 @@ def query_key_value(config: Config, x: Array, weights: list, scale_query: bool =
     bias = jnp.stack([bias for _, bias in weights]).astype(dtype)
     qkv = jnp.einsum("bsh,thnd->tbsnd", x.astype(dtype), kernel) + bias[:, None, None]
     if scale_query:
-        qkv = qkv * jnp.array([1.0 / float(np.sqrt(kernel.shape[-1])), 1.0, 1.0], dtype)[:, None, None, None, None]
+        qkv = qkv * jnp.array([logit_scale(kernel.shape[-1]), 1.0, 1.0], dtype)[:, None, None, None, None]
     return [constrain(projection, PER_HEAD) for projection in qkv]
 
 
