@@ -553,17 +553,18 @@ def host_params(obj: Pretrained) -> dict:
 
 def write_hf(obj: Pretrained, directory: storage.Path) -> None:
     params = host_params(obj)
+    special = obj.tokenizer.special if obj.tokenizer is not None else None
     if obj.head == "both":
         states = state_dict.electra_params_to_hf(params, obj.config)
         configs = {"discriminator": obj.config, "generator": config_lib.generator_config(obj.config)}
         heads = {"discriminator": "discriminator", "generator": "generator"}
         for part in ("discriminator", "generator"):
-            _write_hf_model(directory / part, state_dict.config_to_hf(configs[part], heads[part]), states[part],
-                            obj.tokenizer)
+            _write_hf_model(directory / part, state_dict.config_to_hf(configs[part], heads[part], special),
+                            states[part], obj.tokenizer)
         return
     head = obj.head
     hf_base = "" if head == "backbone" else None  # HF's base models (BertModel, ...) save without a prefix
-    _write_hf_model(directory, state_dict.config_to_hf(obj.config, head),
+    _write_hf_model(directory, state_dict.config_to_hf(obj.config, head, special),
                     state_dict.params_to_hf(params, obj.config, head, hf_base), obj.tokenizer)
 
 

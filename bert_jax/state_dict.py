@@ -266,11 +266,30 @@ HF_CONFIG_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attenti
 ARCHITECTURE_HEADS = ("backbone", "pretraining", "masked_lm", "discriminator", "generator")
 
 
-def config_to_hf(model, head: str) -> dict:
-    """The HF config.json dict of a bert_jax model config with this head (the inverse of config_from_hf)."""
+def config_to_hf(model, head: str, special=None) -> dict:
+    """The HF config.json dict of a bert_jax model config with this head (the inverse of config_from_hf), with the
+    special-token ids of `special` (a tokenizer's SpecialIds) where HF's config class holds them."""
+    custom = families.of(model).hf_conversion
+    hf = _hf_config_keys(model, head) if custom is None else custom.config_to_hf(model, head)
+    return {**hf, **special_token_ids(model, special)}
+
+
+# HF's bos/cls token opens a sequence as [CLS] does, its eos/sep token closes it as [SEP] does.
+SPECIAL_TOKEN_ROLES = {"bos_token_id": "cls", "cls_token_id": "cls", "eos_token_id": "sep", "sep_token_id": "sep"}
+
+
+def special_token_ids(model, special=None) -> dict:
+    """config.json's special-token ids: the tokenizer's (`special`), else the released vocabulary's where this
+    vocabulary holds them, else None. Left to HF's defaults, a smaller vocabulary would get ids outside it."""
+    released = families.of(model).hf.special_token_ids
+    if special is not None:
+        return {key: getattr(special, SPECIAL_TOKEN_ROLES[key]) for key in released}
+    return {key: token_id if token_id < model.vocab_size else None for key, token_id in released.items()}
+
+
+def _hf_config_keys(model, head: str) -> dict:
+    """The config.json of a family that follows the shared encoder's tables."""
     family = families.of(model)
-    if family.hf_conversion is not None:
-        return family.hf_conversion.config_to_hf(model, head)
     if "embedding_size" in family.hf.config_drops and model.embedding_size != model.hidden_size:
         raise ConversionError(f"HF's {family.name} has no embedding projection; embedding_size={model.embedding_size} "
                               f"must equal hidden_size={model.hidden_size} to export")

@@ -12,8 +12,10 @@ import transformers
 from flax import linen as nn
 
 import bert_jax
-from bert_jax import config_lib, modeling, state_dict
+from bert_jax import config_lib, families, modeling, state_dict
 from bert_jax.families import modernbert
+from bert_jax.input_pipeline import config as input_config
+from bert_jax.input_pipeline import tokenizers
 from bert_jax.modeling.models import MASKED_LOGIT, count_params
 
 ATOL = 1e-5
@@ -218,3 +220,28 @@ def test_load_pretrained_and_save_pretrained_through_hf_folders(tmp_path):
     backbone = bert_jax.load_pretrained(tmp_path / "export", head="backbone")
     hidden = backbone.encode(input_ids, attention_mask)["last_hidden_state"]
     assert max_error(hidden, torch_run(torch_model.model, input_ids, attention_mask), attention_mask) < ATOL
+
+
+def test_export_writes_the_tokenizers_special_token_ids(tiny, tmp_path):
+    """HF's ModernBertConfig numbers [CLS] (bos, cls) and [SEP] (eos, sep) as the released 50k vocabulary does; the
+    tiny preset's 8k tokenizer has them at 0 and 2. An export writes its tokenizer's ids; without a tokenizer, the
+    released ids where the vocabulary holds them, else None: never an id outside the vocabulary."""
+    config, params = tiny
+    bundled = families.get("modernbert").tokenizer
+    tokenizer = tokenizers.load_tokenizer(bundled.kind, input_config.resolve_path(bundled.tiny_path))
+    bert_jax.save_pretrained(bert_jax.Pretrained(config, "masked_lm", params, tokenizer), tmp_path / "export")
+    exported = transformers.AutoConfig.from_pretrained(tmp_path / "export")
+    assert (exported.bos_token_id, exported.cls_token_id, exported.eos_token_id, exported.sep_token_id) == (0, 0, 2, 2)
+    assert (tokenizer.special.cls, tokenizer.special.sep) == (0, 2)
+
+    without_tokenizer = state_dict.config_to_hf(config, "masked_lm")
+    assert all(without_tokenizer[key] is None for key in state_dict.SPECIAL_TOKEN_ROLES)
+
+
+@pytest.mark.parametrize("family", ["roberta", "albert", "modernbert"])
+def test_released_special_token_ids_are_transformers_defaults(family):
+    """At the released vocabulary's size, an export without a tokenizer writes what transformers' config class
+    defaults to (the released tokenizer's ids)."""
+    written = state_dict.special_token_ids(config_lib.load_preset(family).model)
+    defaults = transformers.AutoConfig.for_model(family)
+    assert written == {key: getattr(defaults, key) for key in written} and len(written) >= 2

@@ -48,6 +48,9 @@ class HfNames:
     discriminator: tuple[str, str] | None = None  # ELECTRA's (dense, prediction)
     config_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)  # written into config.json as is
     config_drops: tuple[str, ...] = ()  # bert_jax keys HF's config class of this family does not have
+    # The special-token ids HF's config class holds, as the released vocabulary numbers them ("bos_token_id": 0).
+    # An export writes its tokenizer's ids instead (state_dict.special_token_ids).
+    special_token_ids: Mapping[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -43,6 +43,7 @@ FAMILY = Family(
         mlm=("predictions.dense", "predictions.LayerNorm", "predictions.bias"),
         sentence_pair="sop_classifier.classifier",
         config_extra={"inner_group_num": 1},
+        special_token_ids={"bos_token_id": 2, "eos_token_id": 3},
     ),
     tf1=Tf1Names(marker=r"^bert/encoder/transformer/group_", rules=(
         (r"^bert/", "albert/"),

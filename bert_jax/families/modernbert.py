@@ -429,7 +429,9 @@ FAMILY = Family(
     optimizer_settings=OPTIMIZER,
     learning_rates={"base": 8e-4, "large": 5e-4},  # the paper's peak rates (large later restarted at 5e-5)
     hf=HfNames(base_prefix="model", architectures=HF_ARCHITECTURES, pooler=None,
-               mlm=("head.dense", "head.norm", "decoder.bias")),
+               mlm=("head.dense", "head.norm", "decoder.bias"),
+               special_token_ids={"bos_token_id": 50281, "cls_token_id": 50281, "eos_token_id": 50282,
+                                  "sep_token_id": 50282}),
     ffn_matrices=3,  # GeGLU: Wi is two H x I matrices, then Wo
     attention_half_window=attention_half_window,
     phase_keys=("global_rope_theta", "local_rope_theta"),  # context extension raises the global one

@@ -28,6 +28,7 @@ FAMILY = Family(
         architectures={"backbone": "RobertaModel", "masked_lm": "RobertaForMaskedLM"},
         mlm=("lm_head.dense", "lm_head.layer_norm", "lm_head.bias"),
         config_drops=("embedding_size", "num_hidden_groups"),
+        special_token_ids={"bos_token_id": 0, "eos_token_id": 2},
     ),
     position_offset=True,
     mlm_activation="gelu",  # exact GELU in the head whatever the encoder's activation
