@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import functools
 import gzip
 import importlib.metadata
 import json
@@ -55,7 +56,9 @@ sys.path[1:1] = [str(REPO)]  # after this script's folder (benchmarks/, for trai
 sys.path.extend(WHEELS)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # JAX takes 75% of the GPU's memory when it starts; the peer runs in the same process and needs its own share.
-os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+# XLA_CLIENT_MEM_FRACTION replaces the deprecated XLA_PYTHON_CLIENT_MEM_FRACTION; jaxlib refuses to start with both.
+if not {"XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"} & os.environ.keys():
+    os.environ["XLA_CLIENT_MEM_FRACTION"] = "0.5"
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -284,15 +287,17 @@ def attention_candidates(packed: bool, half_window: int | None, on_gpu: bool) ->
             candidates["cudnn_lengths"] = lambda q, k, v, m, p: gpu_attention.attend(
                 q, k, v, gpu_attention.key_lengths(m), None)
     if half_window is None:
-        from jax.experimental.pallas.ops.gpu import attention as triton_attention
-
-        def pallas_triton(q, k, v, m, p):
-            scale = 1.0 / math.sqrt(q.shape[-1])
-            return triton_attention.mha(q, k, v, transformer.segment_ids_for(m, p), sm_scale=scale,
-                                        interpret=not on_gpu)
-
-        candidates["pallas_triton_segments"] = pallas_triton
+        candidates["pallas_triton_segments"] = functools.partial(pallas_triton, interpret=not on_gpu)
     return candidates
+
+
+def pallas_triton(q, k, v, attention_mask, packing, interpret: bool):
+    """JAX's example Pallas Triton kernel, with packed rows as segment ids. Imported when called: JAX deprecates the
+    module after 0.11, and a release without it makes this one candidate an error row, not the whole run."""
+    from jax.experimental.pallas.ops.gpu import attention as triton_attention
+
+    return triton_attention.mha(q, k, v, transformer.segment_ids_for(attention_mask, packing),
+                                sm_scale=1.0 / math.sqrt(q.shape[-1]), interpret=interpret)
 
 
 def forward_and_grads(attend, q, k, v):
