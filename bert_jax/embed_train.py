@@ -187,7 +187,7 @@ def train_and_evaluate(config: ml_collections.ConfigDict, workdir: str) -> dict[
     workdir_lib.check(workdir, config)
     workdir = workdir_lib.create(workdir, config)
     if jax.process_index() == 0 and not (workdir / workdir_lib.TOKENIZER_DIR).exists():
-        copy_tokenizer(pretrained.tokenizer, storage.make_dirs(workdir / workdir_lib.TOKENIZER_DIR))
+        copy_tokenizer(pretrained.tokenizer, storage.make_dirs(workdir / workdir_lib.TOKENIZER_DIR), config.model)
 
     # ---- Encoder, optimizer, state shardings; the pretrained backbone goes in ---------------------------------------
     encoder = modeling.backbone(config.model)

@@ -514,9 +514,10 @@ def save_pretrained(obj: Pretrained, path, format: str = "hf", step: int = 0) ->
     """Write `obj` as an HF directory (config.json + model.safetensors; ELECTRA's `both` as discriminator/ and
     generator/ subdirectories), as a sentence-transformers folder (its backbone as an HF directory, plus its pooling:
     obj.pooling, else mean pooling as sentence-transformers gives a plain HF folder) or as a bert_jax workdir
-    (config.json + checkpoints/<step>/params). Tokenizer files are copied along. Written to a hidden sibling folder
-    and moved into place, so a failure leaves nothing behind. For a bucket the sibling is in the bucket too: Orbax
-    marks a finished step there with a file, which a local save would lack."""
+    (config.json + checkpoints/<step>/params). Tokenizer files are copied along, with the HF tokenizer files they
+    lack (copy_tokenizer). Written to a hidden sibling folder and moved into place, so a failure leaves nothing
+    behind. For a bucket the sibling is in the bucket too: Orbax marks a finished step there with a file, which a
+    local save would lack."""
     path = storage.orbax_path(path)
     if format not in FORMATS:
         raise ValueError(f"format={format!r}; choose one of {FORMATS}")
@@ -557,15 +558,15 @@ def write_hf(obj: Pretrained, directory: storage.Path) -> None:
     if obj.head == "both":
         states = state_dict.electra_params_to_hf(params, obj.config)
         configs = {"discriminator": obj.config, "generator": config_lib.generator_config(obj.config)}
-        heads = {"discriminator": "discriminator", "generator": "generator"}
         for part in ("discriminator", "generator"):
-            _write_hf_model(directory / part, state_dict.config_to_hf(configs[part], heads[part], special),
+            _write_hf_model(directory / part, configs[part], state_dict.config_to_hf(configs[part], part, special),
                             states[part], obj.tokenizer)
         return
     head = obj.head
+    hf_config = state_dict.config_to_hf(obj.config, head, special)  # first: it refuses what HF's classes cannot hold
     hf_base = "" if head == "backbone" else None  # HF's base models (BertModel, ...) save without a prefix
-    _write_hf_model(directory, state_dict.config_to_hf(obj.config, head, special),
-                    state_dict.params_to_hf(params, obj.config, head, hf_base), obj.tokenizer)
+    _write_hf_model(directory, obj.config, hf_config, state_dict.params_to_hf(params, obj.config, head, hf_base),
+                    obj.tokenizer)
 
 
 def write_sentence_transformers(obj: Pretrained, directory: storage.Path) -> None:
@@ -577,11 +578,11 @@ def write_sentence_transformers(obj: Pretrained, directory: storage.Path) -> Non
                                           pooling.max_seq_length or max_tokens(config))
 
 
-def _write_hf_model(directory: storage.Path, hf_config: dict, state: dict, tokenizer) -> None:
+def _write_hf_model(directory: storage.Path, config, hf_config: dict, state: dict, tokenizer) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
     (directory / "model.safetensors").write_bytes(safetensors.numpy.save(state, metadata={"format": "pt"}))
-    copy_tokenizer(tokenizer, directory)
+    copy_tokenizer(tokenizer, directory, config)
 
 
 def write_bert_jax(obj: Pretrained, directory: storage.Path, step: int) -> None:
@@ -596,12 +597,13 @@ def write_bert_jax(obj: Pretrained, directory: storage.Path, step: int) -> None:
     with ocp.CheckpointManager(directory / CHECKPOINT_DIR) as manager:
         manager.save(step, args=ocp.args.Composite(params=ocp.args.StandardSave(obj.params)))
         manager.wait_until_finished()
-    copy_tokenizer(obj.tokenizer, directory)
+    copy_tokenizer(obj.tokenizer, directory, obj.config)
 
 
-def copy_tokenizer(tokenizer, directory: storage.Path) -> None:
+def copy_tokenizer(tokenizer, directory: storage.Path, config: ml_collections.ConfigDict) -> None:
     """Copy the tokenizer's file(s) and the HF tokenizer files beside them (small files: read whole, so that
-    either side may be in a bucket)."""
+    either side may be in a bucket), and write the HF files they lack for a model of `config`
+    (tokenizers.hf_tokenizer_files: without them casing is lost and AutoTokenizer may not load the folder)."""
     if tokenizer is None:
         return
     source = storage.as_path(tokenizer.path)
@@ -609,3 +611,9 @@ def copy_tokenizer(tokenizer, directory: storage.Path) -> None:
     files = {folder / name for name in TOKENIZER_FILES} | ({source} if source.is_file() else set())
     for file in sorted(f for f in files if f.exists()):
         (directory / file.name).write_bytes(file.read_bytes())
+    family = families.of(config)
+    written = tokenizer_lib.hf_tokenizer_files(tokenizer, family.pair_separators, family.pair_token_types,
+                                               max_tokens(config))
+    for name, text in written.items():
+        if not (directory / name).exists():
+            (directory / name).write_text(text + "\n")

@@ -9,12 +9,13 @@ local copy.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 
 import numpy as np
 import sentencepiece
 import tokenizers
-from tokenizers import decoders, models, normalizers, pre_tokenizers
+from tokenizers import decoders, models, normalizers, pre_tokenizers, processors
 
 from bert_jax import storage
 from bert_jax.errors import UserError
@@ -188,6 +189,32 @@ def load_tokenizer_json(file: storage.PathLike) -> Tokenizer:
     if kind is None:
         raise TokenizerError(f"{file}: a {type(backend.model).__name__} tokenizer; expected WordPiece, BPE or Unigram")
     return _HFTokenizer(kind, file, backend)
+
+
+def hf_tokenizer_files(tokenizer: Tokenizer, pair_separators: int, pair_token_types: bool,
+                       max_length: int) -> dict[str, str]:
+    """The files transformers' AutoTokenizer reads beside the vocabulary: tokenizer_config.json (the special tokens,
+    the longest input), and for WordPiece and byte-level BPE a tokenizer.json, the whole pipeline with the special
+    tokens and the family's [CLS] a [SEP] (b [SEP]) template. From the vocabulary files alone a cased WordPiece
+    loads lowercased (in bert_jax too) and a ModernBERT's BPE not at all. ALBERT's sentencepiece model holds its
+    own normalization: the config tells AlbertTokenizer to add none (no lowercasing, accents kept)."""
+    names = SPECIAL_TOKENS[tokenizer.kind]
+    config = {f"{role}_token": token for role, token in names.items()} | {"model_max_length": max_length}
+    if not isinstance(tokenizer, _HFTokenizer):
+        config.update(tokenizer_class="AlbertTokenizer", do_lower_case=False, keep_accents=True)
+        return {"tokenizer_config.json": json.dumps(config, indent=2)}
+    backend = tokenizers.Tokenizer.from_str(tokenizer._backend.to_str())
+    # RoBERTa's <mask> takes the space before it, so "a <mask>" asks for a word as it is spelled mid-sentence.
+    backend.add_special_tokens([tokenizers.AddedToken(token, special=True, lstrip=tokenizer.kind == "bpe"
+                                                      and role == "mask") for role, token in names.items()])
+    cls, sep = names["cls"], names["sep"]
+    second = 1 if pair_token_types else 0
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls} $A {sep}", pair=f"{cls} $A " + f"{sep} " * pair_separators + f"$B:{second} {sep}:{second}",
+        special_tokens=[(cls, tokenizer.special.cls), (sep, tokenizer.special.sep)])
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"
+    config["model_input_names"] = ["input_ids", *(["token_type_ids"] if pair_token_types else []), "attention_mask"]
+    return {"tokenizer.json": backend.to_str(), "tokenizer_config.json": json.dumps(config, indent=2)}
 
 
 def infer_kind(path: storage.PathLike) -> str:
