@@ -94,6 +94,8 @@ VARIANTS = [
 CPU_VARIANTS = VARIANTS[1:2]  # --cpu: XLA:CPU has no GPU flags; one variant covers the code path
 # The parts in the order they run, most needed first.
 PARTS = ("base", "agreement", "large", "attention", "modernbert", "variants")
+# Where each part's figures go in the JSON.
+PART_KEYS = {**RUN_KEYS, "agreement": "loss_agreement", "attention": "attention", "variants": "variants"}
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -426,7 +428,9 @@ def run_check(args, runs: dict, variant_list: list, agreement_steps: int, peak: 
               save) -> dict:
     """The parts of PARTS asked for (--only), in that order, while the time budget lasts; each part's seconds. After
     each part, `save` gets the figures so far, with the parts still to run as "unfinished": a run that the device's
-    time limit stops keeps what it measured."""
+    time limit stops keeps what it measured. A part that fails (a run that does not fit in memory, a version's
+    missing API) is saved as its error line, and the parts after it still run: device time is too scarce to lose
+    them to one."""
     result, seconds, skipped, base_run = {}, {}, [], None
     wanted = args.only.split(",") if args.only else PARTS
     unfinished = [part for part in PARTS if part in wanted and not (part in RUN_KEYS and part not in runs)]
@@ -439,24 +443,28 @@ def run_check(args, runs: dict, variant_list: list, agreement_steps: int, peak: 
             skipped.append(part)
             continue
         part_started = time.perf_counter()
-        if part in RUN_KEYS:
-            model, batch, seq, switches = runs[part]
-            config = base_config if part == "base" else benchmark_config(model, batch, seq, switches)
-            batches = base_batches if part == "base" else make_batches(config, args.steps)
-            row, ours = compare_with_peer(config, batches, args, peak)
-            result[RUN_KEYS[part]] = {"model": model, "switches": switches, **row}
-            base_run = ours if part == "base" else base_run
-        elif part == "agreement":
-            bf16 = result.get(RUN_KEYS["base"], {}).get("first_pass_loss")
-            if bf16 is None:
-                bf16 = JaxRun(base_config, base_batches).first_pass_loss
-            result["loss_agreement"] = loss_agreement(runs["base"], base_batches, bf16)
-        elif part == "attention":
-            result["attention"] = attention_kernels(on_gpu=jax.default_backend() == "gpu")
-        elif part == "variants":
-            base_run = base_run or JaxRun(base_config, base_batches[:args.steps])
-            result["variants"], left_out = variants(runs["base"], base_run, variant_list, args, started)
-            skipped += left_out
+        try:
+            if part in RUN_KEYS:
+                model, batch, seq, switches = runs[part]
+                config = base_config if part == "base" else benchmark_config(model, batch, seq, switches)
+                batches = base_batches if part == "base" else make_batches(config, args.steps)
+                row, ours = compare_with_peer(config, batches, args, peak)
+                result[RUN_KEYS[part]] = {"model": model, "switches": switches, **row}
+                base_run = ours if part == "base" else base_run
+            elif part == "agreement":
+                bf16 = result.get(RUN_KEYS["base"], {}).get("first_pass_loss")
+                if bf16 is None:
+                    bf16 = JaxRun(base_config, base_batches).first_pass_loss
+                result["loss_agreement"] = loss_agreement(runs["base"], base_batches, bf16)
+            elif part == "attention":
+                result["attention"] = attention_kernels(on_gpu=jax.default_backend() == "gpu")
+            elif part == "variants":
+                base_run = base_run or JaxRun(base_config, base_batches[:args.steps])
+                result["variants"], left_out = variants(runs["base"], base_run, variant_list, args, started)
+                skipped += left_out
+        except Exception as error:  # noqa: BLE001 - a part that fails is a finding; the others still run
+            result[PART_KEYS[part]] = {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+            print(f"{part}: {result[PART_KEYS[part]]['error']}", file=sys.stderr, flush=True)
         seconds[part] = time.perf_counter() - part_started
         save({**result, "part_seconds": seconds, "skipped": skipped, "unfinished": unfinished})
     return {**result, "part_seconds": seconds, "skipped": skipped, "unfinished": unfinished}
@@ -491,6 +499,8 @@ def peak_memory() -> dict:
 
 def print_summary(result: dict) -> None:
     print(f"device check on {result['device']} ({result['platform']}), {result['seconds']:.0f} s")
+    failed = {key: result[key]["error"] for key in PART_KEYS.values() if "error" in result.get(key, {})}
+    result = {key: figures for key, figures in result.items() if key not in failed}
     for key in RUN_KEYS.values():
         if key in result:
             run = result[key]
@@ -508,6 +518,8 @@ def print_summary(result: dict) -> None:
         print(f"  attention {case} {row['shape']}: {kernels}")
     for name, row in result.get("variants", {}).items():
         print(f"  variant {name}: " + (f"{row['speedup']:.3f}x" if "speedup" in row else f"failed: {row['error']}"))
+    for key, error in failed.items():
+        print(f"  {key} failed: {error}")
     if result.get("skipped"):
         print(f"  skipped (time budget): {', '.join(result['skipped'])}")
     print(f"  peak device memory {result['memory']['peak_bytes_in_use']} bytes; "

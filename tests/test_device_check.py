@@ -86,22 +86,50 @@ def test_profile_mode_sums_the_kernels_of_a_step(tmp_path):
     assert sum(row["ms_per_step_by_kind"].values()) == pytest.approx(row["device_ms_per_step"])
 
 
-def test_each_part_is_saved_as_it_finishes_so_a_stopped_run_keeps_it(monkeypatch):
-    """run_check hands the figures to `save` after every part, naming the parts still to run: the device's time limit
-    may stop the run in any part. (The parts themselves are faked: this is about the order of saving.)"""
+ATTENTION = {"case": {"shape": [1, 8, 2, 4], "xla": {"ms": 1.0}}}  # one case, one kernel, as the part gives them
+
+
+@pytest.fixture
+def check(monkeypatch):
+    """benchmarks/device_check.py as a module, with its parts faked (these tests are about running and saving them):
+    the agreement gives bf16's loss back, the attention one kernel's time."""
     monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
     spec = importlib.util.spec_from_file_location("device_check", REPO / "benchmarks" / "device_check.py")
-    check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check)
-    monkeypatch.setattr(check, "JaxRun", lambda config, batches: types.SimpleNamespace(first_pass_loss=1.0))
-    monkeypatch.setattr(check, "loss_agreement", lambda run, batches, bf16: {"loss_bfloat16": bf16})
-    monkeypatch.setattr(check, "attention_kernels", lambda on_gpu: {"case": {"ms": 1.0}})
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(module, "JaxRun", lambda config, batches: types.SimpleNamespace(first_pass_loss=1.0))
+    monkeypatch.setattr(module, "loss_agreement", lambda run, batches, bf16: {"loss_bfloat16": bf16})
+    monkeypatch.setattr(module, "attention_kernels", lambda on_gpu: ATTENTION)
+    return module
+
+
+def test_each_part_is_saved_as_it_finishes_so_a_stopped_run_keeps_it(check):
+    """run_check hands the figures to `save` after every part, naming the parts still to run: the device's time limit
+    may stop the run in any part."""
     saved = []
     args = types.SimpleNamespace(only="attention,agreement", budget_s=1e9, steps=1)
     result = check.run_check(args, check.CPU_RUNS, [], 1, 1.0, time.perf_counter(),
                              lambda figures: saved.append(json.loads(json.dumps(figures))))
     assert [figures["unfinished"] for figures in saved] == [["attention"], []]  # PARTS' order, not --only's
     assert saved[0]["loss_agreement"] == {"loss_bfloat16": 1.0} and "attention" not in saved[0]
-    assert saved[1]["attention"] == {"case": {"ms": 1.0}} and set(saved[1]["part_seconds"]) == {"agreement",
+    assert saved[1]["attention"] == ATTENTION and set(saved[1]["part_seconds"]) == {"agreement",
                                                                                                   "attention"}
     assert result == saved[-1]
+
+
+def test_a_failing_part_is_saved_as_its_error_and_the_next_parts_run(check, monkeypatch, capsys):
+    """A part that fails (here the agreement, as a run too large for the device's memory would) leaves its error
+    line in the figures; the attention part after it still runs, and the summary names the failure."""
+    def out_of_memory(run, batches, bf16):
+        raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 46.1GiB.\n(the details)")
+
+    monkeypatch.setattr(check, "loss_agreement", out_of_memory)
+    args = types.SimpleNamespace(only="agreement,attention", budget_s=1e9, steps=1)
+    result = check.run_check(args, check.CPU_RUNS, [], 1, 1.0, time.perf_counter(), lambda figures: None)
+    assert result["loss_agreement"] == {
+        "error": "RuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 46.1GiB."}
+    assert result["attention"] == ATTENTION and result["unfinished"] == []
+    check.print_summary({**result, "device": "cpu", "platform": "cpu", "seconds": 1.0, "tensorflow_imported": False,
+                         "memory": {"peak_bytes_in_use": None}})
+    printed = capsys.readouterr().out
+    assert "loss_agreement failed: RuntimeError: RESOURCE_EXHAUSTED" in printed and "xla 1.00 ms" in printed
