@@ -43,7 +43,7 @@ from bert_jax.modeling import flash_attention, transformer  # noqa: E402
 
 CLOCK_HZ = compile_check.CHIPS["v5p"].clock_hz  # 459 TFLOP/s a chip = 2 cores x 4 MXUs x 128 x 128 x 2 FLOPs x this
 CORE_PEAK = compile_check.CHIPS["v5p"].peak_flops / 2
-KERNEL = re.compile(r"(splash_mha|flash_dropout)_\w+?\.\d+")
+KERNEL = re.compile(r"(splash_mha|bert_jax_flash)_\w+?\.\d+")
 
 
 def issue_cycles(bundles_file: str) -> int:
@@ -69,7 +69,8 @@ def layer_attention(kernel: str, args):
         attend = lambda q, k, v, ids: jax.vmap(
             lambda q, k, v, i: made(q, k, v, segment_ids=splash.SegmentIds(i, i)))(q, k, v, ids)
     else:
-        attend = lambda q, k, v, ids: flash_attention.flash_attention(q, k, v, ids, 7, rate, args.half_window)
+        attend = lambda q, k, v, ids: flash_attention.flash_attention(jnp.stack([q, k, v]), ids, 7, rate,
+                                                                      args.half_window)
     loss = lambda q, k, v, ids: jnp.sum(attend(q, k, v, ids).astype(jnp.float32))
     return jax.grad(loss, argnums=(0, 1, 2))
 

@@ -35,7 +35,8 @@ from bert_jax import cli, families, flops, sharding, train
 from bert_jax import sharding_audit as audit
 from bert_jax.errors import UserError
 from bert_jax.config_lib import generator_config
-from bert_jax.modeling.transformer import attention_kernel, splash_block, splash_fused_backward, splash_tiles
+from bert_jax.modeling.transformer import (attention_kernel, splash_block, splash_fused_backward, splash_tiles,
+                                           tpu_kernel)
 
 GB = 2 ** 30  # as Cloud TPU's specifications and XLA count memory
 
@@ -310,25 +311,23 @@ def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_f
             "est_step_cycles_s": cycles_step, "est_mfu_cycles": model_flops / (cycles_step * peak)}
 
 
-_SPLASH_CALL = re.compile(r"^\s*(?:ROOT )?%(splash_mha|flash_dropout)_(fwd|dkv|dq|bwd)\w*(?:\.\d+)? = ")
+_SPLASH_CALL = re.compile(r"^\s*(?:ROOT )?%(splash_mha|bert_jax_flash)_(fwd|dkv|dq|bwd)\w*(?:\.\d+)? = ")
 
 
 def splash_flops(hlo_text: str, config, mesh) -> float:
     """FLOPs per chip and step of the splash kernels the step calls, which XLA's cost model cannot see into (it
     costs a Pallas call by its operands alone): the tiles each layer computes, 2 matmuls a tile forward and in the
     backward 5 (fused) or 4 + 3 (splash_fused_backward), times the forward passes the HLO makes a layer (a
-    rematerialised forward counts again). The kernel with attention dropout (flash_dropout_*, bert_jax's own) runs
-    the same tiles and always fuses its backward."""
+    rematerialised forward counts again). Where bert_jax's flash kernel runs instead (bert_jax_flash_*,
+    transformer.tpu_kernel), it computes the same tiles and always fuses its backward."""
     module = audit.computations(hlo_text)
     runs = audit.computation_runs(module)
     calls = {"fwd": 0, "dkv": 0, "dq": 0}
-    dropout_kernel = False
     for name, (_, lines) in module.items():
         for line in lines:
             call = _SPLASH_CALL.match(line)
             if call:
                 calls[{"bwd": "dkv"}.get(call.group(2), call.group(2))] += runs(name)
-                dropout_kernel = call.group(1) == "flash_dropout"
     if not any(calls.values()):
         return 0.0
     encoders = [config.model] + ([generator_config(config.model)] if config.objective == "rtd" else [])
@@ -339,10 +338,12 @@ def splash_flops(hlo_text: str, config, mesh) -> float:
     total = 0.0
     for model in encoders:
         heads, width = model.num_attention_heads // mesh.shape["tensor"], model.hidden_size // model.num_attention_heads
+        dropout = model.attention_probs_dropout_prob > 0.0
         for layer in range(model.num_hidden_layers):
             window = family.attention_half_window(model, layer) if family.attention_half_window else None
             forward_pass = 4 * rows * heads * splash_tiles(seq, window) * splash_block(seq, window) ** 2 * width
-            backward_matmuls = 5 if dropout_kernel or splash_fused_backward(seq, window) else 4 + 3
+            fused = tpu_kernel(window, dropout) == "flash" or splash_fused_backward(seq, window)
+            backward_matmuls = 5 if fused else 4 + 3
             total += forward_pass * (forward_runs + backward * backward_matmuls / 2)
     return total
 

@@ -66,7 +66,8 @@ def test_kernel_matches_the_hashed_reference_forward_and_backward(name):
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
     (_, ours), our_grads = outputs_and_grads(
-        lambda q, k, v: fa.flash_attention(q, k, v, ids, 7, RATE, half_window, interpret=True, tiling=tiling))
+        lambda q, k, v: fa.flash_attention(jnp.stack([q, k, v]), ids, 7, RATE, half_window, interpret=True,
+                                           tiling=tiling))
     (_, ref), ref_grads = outputs_and_grads(lambda q, k, v: hashed_reference(q, k, v, ids, 7, RATE, half_window))
     np.testing.assert_allclose(ours, ref, atol=1e-5)
     for ours_grad, ref_grad in zip(our_grads, ref_grads):
@@ -79,7 +80,7 @@ def kernel_mask(seed, seq: int = 256, rows: int = 2, heads: int = 2, row_offset:
     q = jnp.zeros((rows, heads, seq, seq), jnp.float32)
     v = jnp.broadcast_to(jnp.eye(seq, dtype=jnp.float32), q.shape)
     ids = jnp.zeros((rows, seq), jnp.int32)
-    out = fa.flash_attention(q, q, v, ids, seed, RATE, row_offset=row_offset, interpret=True)
+    out = fa.flash_attention(jnp.stack([q, q, v]), ids, seed, RATE, row_offset=row_offset, interpret=True)
     return np.asarray(out * seq / fa.keep_scale(RATE)) > 0.5
 
 
@@ -146,7 +147,8 @@ def test_dot_product_attention_runs_the_kernel_for_splash_with_dropout(half_wind
     mask = transformer.layer_mask(config, attention_mask, packing, deterministic=False)
     rng = jax.random.key(5)
     to_layers = lambda x: jnp.swapaxes(x, 1, 2)  # [B, heads, S, d] -> [B, S, heads, d]
-    ours = transformer.dot_product_attention(to_layers(q), to_layers(k), to_layers(v), mask, config, rng, half_window)
+    ours = transformer.dot_product_attention(jnp.stack([to_layers(x) for x in (q, k, v)]), mask, config, rng,
+                                             half_window)
     ref = hashed_reference(q / np.sqrt(q.shape[-1]), k, v, mask, fa.seed_from(rng), RATE, half_window)
     real = (ids >= 0)[:, :, None, None]
     np.testing.assert_allclose(ours * real, to_layers(ref) * real, atol=1e-5)
@@ -157,7 +159,7 @@ def test_the_mask_does_not_depend_on_the_mesh():
     the output equals the unsharded one."""
     q, k, v, ids = (x.repeat(2, axis=0) for x in inputs(128, packed=False, heads=4))
     to_layers = lambda x: jnp.swapaxes(x, 1, 2)
-    attend = lambda q, k, v: transformer.splash_attention(q, k, v, ids, None, jax.random.key(9), RATE)
+    attend = lambda q, k, v: transformer.splash_attention(jnp.stack([q, k, v]), ids, None, jax.random.key(9), RATE)
     whole = attend(*map(to_layers, (q, k, v)))
     mesh = sharding.make_mesh(2, 1, 2, devices=jax.devices()[:4])
     placed = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor", None))

@@ -34,7 +34,7 @@ def test_fused_attention_and_its_gradients_equal_the_reference(impl, cache_bytes
     def value_and_grads(attention):
         return jax.value_and_grad(lambda q, k, v: (attention(q, k, v) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
 
-    ours = value_and_grads(lambda q, k, v: dot_product_attention(q, k, v, mask, config))
+    ours = value_and_grads(lambda q, k, v: dot_product_attention(jnp.stack([q, k, v]), mask, config))
     reference = value_and_grads(lambda q, k, v: nn.dot_product_attention(q, k, v, mask=mask))
     for got, expected in zip(jax.tree.leaves(ours), jax.tree.leaves(reference)):
         np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)

@@ -3,7 +3,8 @@
 One small BERT is compiled once for v5p-8 (4 chips) on a (data 2, fsdp 2) mesh in bfloat16 without attention
 dropout, and its executable is read: it fits, every activation keeps the batch split over data x fsdp, FSDP's
 gradients are reduce-scattered, the collectives are within 0.7-1.3x of the layout's ideal, the state is donated, and
-"auto" attention ran the splash kernel. The same BERT under pure FSDP on v5e-8, whose compiler carries each
+"auto" attention ran bert_jax's flash kernel on the projection's stacked Q, K and V (and a tiny ModernBERT's local
+layers Pallas' splash). The same BERT under pure FSDP on v5e-8, whose compiler carries each
 all-gather through a chain of fusions, moves as little. A step that cannot fit ends the command with one line and
 exit code 1. A layer shared by all of them (ALBERT) is gathered and reduced once a step, and so is the word table
 that the lookup and the MLM head share.
@@ -199,16 +200,17 @@ def data_parallel():
 
 
 def test_a_scanned_step_is_estimated_as_its_layer_loop_runs(data_parallel):
-    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.34x the
-    full unscanned compile's (the scanned program also recomputes LayerNorm, GELU and dropout and writes each
-    layer's saved activations into the loop's stacks), where counted once it read 0.82x; its optimal_seconds,
-    scaled by the cycles' loop factor, 1.40x (0.87x unscaled): the rough end of the estimate."""
+    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.54x the
+    full unscanned compile's (the scanned program also recomputes LayerNorm, GELU and dropout, writes each layer's
+    saved activations into the loop's stacks and, at this model's 16-wide heads, relays them out for the attention
+    kernel), where counted once it read 0.96x; its optimal_seconds, scaled by the cycles' loop factor, 1.33x (0.82x
+    unscaled): the rough end of the estimate."""
     scanned = compile_check.report(compile_step(data_parallel_bert(scan_layers=True)))
     unscanned = compile_check.report(data_parallel)
     assert scanned["estimate"].startswith("while-loop bodies counted per iteration") and scanned["loop_factor"] > 1.3
     assert unscanned["estimate"] == "as compiled" and unscanned["loop_factor"] == 1
     cycles = scanned["est_step_cycles_s"] / unscanned["est_step_cycles_s"]
-    assert 1.0 <= cycles <= 1.6 and cycles / scanned["loop_factor"] < 0.9, (scanned, unscanned)
+    assert 1.0 <= cycles <= 1.6 and cycles / scanned["loop_factor"] < 1.0, (scanned, unscanned)
     assert 0.8 <= scanned["est_step_s"] / unscanned["est_step_s"] <= 1.6, (scanned, unscanned)
     assert 0.9 <= scanned["hlo_flops"] / unscanned["hlo_flops"] <= 1.1
     for row in (scanned, unscanned):  # the per-instruction cycle sum: the slow end of the range
@@ -274,10 +276,41 @@ def test_data_parallelism_reduces_the_tied_word_tables_gradient_once(data_parall
     assert audit.total_bytes(stats) / sum(ideal.values()) <= 1.1, (stats, ideal)
 
 
-def test_splash_runs_in_the_tpu_step(compiled):
+def kernel_qkv_sources(hlo: str, kernel: str) -> list[set[str]]:
+    """For each call of `kernel`, the HLO values its Q, K and V operands (after the scalar-prefetched keys) are,
+    read through bitcasts, which copy nothing."""
+    definitions = dict(re.findall(r"^\s*(?:ROOT )?%([\w.\-]+) = (.*)$", hlo, re.MULTILINE))
+
+    def source(name):
+        bitcast = re.match(r"\S+ bitcast\(%([\w.\-]+)\)", definitions[name])
+        return source(bitcast.group(1)) if bitcast else name
+
+    calls = re.findall(rf"^\s*%{kernel}[\w.]* = .*? custom-call\(([^)]*)\)", hlo, re.MULTILINE)
+    return [{source(operand.strip().lstrip("%")) for operand in re.sub(r"/\*.*?\*/", "", call).split(",")[1:4]}
+            for call in calls]
+
+
+def test_bert_jaxs_flash_kernel_runs_global_attention_in_the_tpu_step(compiled):
+    """Without attention dropout, "auto" on TPU runs bert_jax's flash kernel over global attention
+    (transformer.tpu_kernel), and it reads Q, K and V from the one stacked array the projection wrote."""
     hlo = compiled.step.as_text()
-    assert "splash_mha_fwd" in hlo and "splash_mha_dkv" in hlo
+    assert "bert_jax_flash_fwd" in hlo and "bert_jax_flash_bwd" in hlo and "splash_mha" not in hlo
     assert not [s for s in audit.activation_shapes(hlo, rank=4) if s[-2:] == (SEQ, SEQ)]  # no [.., S, S] array
+    for kernel in ("bert_jax_flash_fwd", "bert_jax_flash_bwd"):
+        sources = kernel_qkv_sources(hlo, kernel)
+        assert len(sources) == 2 and all(len(qkv) == 1 for qkv in sources), (kernel, sources)
+
+
+def test_local_windows_run_splash_and_global_layers_bert_jaxs_kernel_on_tpu():
+    """ModernBERT's local layers take Pallas' block-sparse splash kernel, its global layers bert_jax's."""
+    config = config_lib.load_preset("modernbert", "tiny")
+    config.model.update(dict(dtype="bfloat16", local_attention=128))  # layer 0 global, layers 1 and 2 local
+    config.data.batch_size, config.data.seq_length = 8, SEQ
+    config.masking.max_predictions_per_seq = 10
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 4, 1, 1
+    hlo = compile_step(config).step.as_text()
+    calls = lambda kernel: len(re.findall(rf"^\s*%{kernel}[\w.]* = ", hlo, re.MULTILINE))
+    assert (calls("bert_jax_flash_fwd"), calls("splash_mha_fwd")) == (1, 2)
 
 
 def test_a_step_that_cannot_fit_is_one_line_and_exit_code_1():
@@ -304,7 +337,7 @@ def test_attention_dropout_runs_in_bert_jaxs_kernel_in_the_tpu_step():
     config.model.attention_probs_dropout_prob = 0.1
     compiled = compile_step(config)
     hlo = compiled.step.as_text()
-    assert "flash_dropout_fwd" in hlo and "flash_dropout_bwd" in hlo and "splash_mha" not in hlo
+    assert "bert_jax_flash_fwd" in hlo and "bert_jax_flash_bwd" in hlo and "splash_mha" not in hlo
     assert not [s for s in audit.activation_shapes(hlo, rank=4) if s[-2:] == (SEQ, SEQ)]
     row = compile_check.report(compiled)
     assert row["attention"] == "splash" and row["splash_flops"] > 0 and row["est_step_s"] > row["compiler_step_s"]

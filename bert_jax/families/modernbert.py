@@ -173,7 +173,8 @@ class Layer(nn.Module):
         dropout_rng = None
         if cfg.attention_probs_dropout_prob > 0.0 and not self.deterministic:
             dropout_rng = self.make_rng("dropout")
-        context = dot_product_attention(q, k, v, mask, cfg, dropout_rng, attention_half_window(cfg, self.index))
+        context = dot_product_attention(jnp.stack([q, k, v]), mask, cfg, dropout_rng,
+                                        attention_half_window(cfg, self.index))
         attended = linear(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "attention_output", cfg.attention_bias,
                           std=out_std(cfg), axis=(-2, -1))(constrain(context, PER_HEAD))
         # As HF's ModernBERT: attention dropout also on the attention output; hidden dropout inside the FFN.

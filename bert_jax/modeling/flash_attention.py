@@ -1,11 +1,14 @@
 """Flash attention with dropout on the attention probabilities: bert_jax's own Pallas kernel for TPU.
 
 BERT, RoBERTa and ELECTRA train with dropout 0.1 on the attention probabilities; splash attention has none. Here
-the kernel drops them itself. Whether query q of head h in batch row b keeps its probability for key k is a hash of
-(seed, b, h, q, k) (`keep_bits`), so the backward pass recomputes each tile's mask from the same integers and no
-[B, heads, S, S] array is ever stored. The seed is drawn from the layer's dropout rng, as every other dropout's bits
-are: the mask is a pure function of the step's rng, and a resumed run drops the same probabilities. b and h are the
-global batch row and head (not the shard's), so the mask does not depend on the mesh either.
+the kernel drops them itself. Without dropout it runs global attention too, where the compiler schedules it faster
+than splash (transformer.tpu_kernel).
+
+Whether query q of head h in batch row b keeps its probability for key k is a hash of (seed, b, h, q, k)
+(`keep_bits`), so the backward pass recomputes each tile's mask from the same integers and no [B, heads, S, S]
+array is ever stored. The seed is drawn from the layer's dropout rng, as every other dropout's bits are: the mask is
+a pure function of the step's rng, and a resumed run drops the same probabilities. b and h are the global batch row
+and head (not the shard's), so the mask does not depend on the mesh either.
 
 The hash is murmur3's 32-bit finaliser (`mix32`: xor, logical shift and wrapping uint32 multiply), which Mosaic
 lowers to the TPU's vector unit and Pallas' interpreter runs bit for bit the same on a CPU. Keys are mixed in two
@@ -18,7 +21,8 @@ The masks the kernel applies are those of splash attention in transformer.py: [B
 keys of its own id; transformer.segment_ids_for) and optionally a symmetric local window. Only the kv tiles a
 query tile's window reaches are in the grid (`Tiling`), so a local layer skips the rest.
 
-Layout: q, k, v [B, heads, S, d], q already scaled by 1/sqrt(d). The forward grid is (row, head, q tile, kv tile);
+Layout: q, k, v stacked [3, B, heads, S, d], as the QKV projection writes them (three arrays sliced out of it
+would be a copy of all three), q already scaled by 1/sqrt(d). The forward grid is (row, head, q tile, kv tile);
 the backward grid (row, head, kv tile, q tile) computes dk and dv of a kv tile over its q tiles and adds each
 tile's dq into a float32 [S, d] accumulator that stays in VMEM for the row and head, so one kernel computes all
 three gradients (5 matmuls a tile) and recomputes each tile's mask once.
@@ -339,6 +343,12 @@ def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, scratch, inte
     )
 
 
+def _stacked(block_shape, which: int, index_map):
+    """The block of q (which=0), k (1) or v (2) out of the stacked [3, B, heads, S, d]: the kernel reads the
+    projection's output itself, so nothing slices it into three arrays first (a copy of all three)."""
+    return pl.BlockSpec((None, *block_shape), lambda *grid: (which, *index_map(*grid)))
+
+
 def _segment_layouts(segment_ids):
     """[B, S] ids as a query's ids lane-replicated [B, S, LANES] and a key's sublane-replicated [B, SUBLANES, S]."""
     rows, seq = segment_ids.shape
@@ -346,31 +356,32 @@ def _segment_layouts(segment_ids):
             jnp.broadcast_to(segment_ids[:, None, :], (rows, SUBLANES, seq)))
 
 
-def _forward(q, k, v, segment_ids, keys, tiling: Tiling, rate: float, interpret: bool):
-    rows, heads, seq, width = q.shape
+def _forward(qkv, segment_ids, keys, tiling: Tiling, rate: float, interpret: bool):
+    _, rows, heads, seq, width = qkv.shape
     bq, bk, group = tiling.block_q, tiling.block_k, tiling.heads
     q_ids, k_ids = _segment_layouts(segment_ids)
     kv_block = lambda b, h, i, j, keys: (b, h, tiling.partner(i, j, bq, bk)[0], 0)
     kernel = functools.partial(_forward_kernel, tiling=tiling, threshold=drop_threshold(rate), scale=keep_scale(rate))
     call = _call(
-        kernel, "flash_dropout_fwd", grid=(rows, heads // group, seq // bq, tiling.band(bq, bk)),
-        in_specs=[pl.BlockSpec((None, group, bq, width), lambda b, h, i, j, keys: (b, h, i, 0)),
-                  pl.BlockSpec((None, group, bk, width), kv_block),
-                  pl.BlockSpec((None, group, bk, width), kv_block),
+        kernel, "bert_jax_flash_fwd", grid=(rows, heads // group, seq // bq, tiling.band(bq, bk)),
+        in_specs=[_stacked((None, group, bq, width), 0, lambda b, h, i, j, keys: (b, h, i, 0)),
+                  _stacked((None, group, bk, width), 1, kv_block),
+                  _stacked((None, group, bk, width), 2, kv_block),
                   pl.BlockSpec((None, bq, LANES), lambda b, h, i, j, keys: (b, i, 0)),
                   pl.BlockSpec((None, SUBLANES, bk), lambda b, h, i, j, keys: (b, 0, kv_block(b, h, i, j, keys)[2]))],
         out_specs=[pl.BlockSpec((None, group, bq, width), lambda b, h, i, j, keys: (b, h, i, 0)),
                    pl.BlockSpec((None, group, 1, bq), lambda b, h, i, j, keys: (b, h, 0, i))],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((rows, heads, 1, seq), jnp.float32)],
+        out_shape=[jax.ShapeDtypeStruct(qkv.shape[1:], qkv.dtype),
+                   jax.ShapeDtypeStruct((rows, heads, 1, seq), jnp.float32)],
         scratch=[] if tiling.band(bq, bk) == 1 else [pltpu.VMEM((group, bq, LANES), jnp.float32),
                                                      pltpu.VMEM((group, bq, LANES), jnp.float32),
                                                      pltpu.VMEM((group, bq, width), jnp.float32)],
         interpret=interpret)
-    return call(keys, q, k, v, q_ids, k_ids)
+    return call(keys, qkv, qkv, qkv, q_ids, k_ids)
 
 
-def _backward(q, k, v, segment_ids, keys, lse, di, do, tiling: Tiling, rate: float, interpret: bool):
-    rows, heads, seq, width = q.shape
+def _backward(qkv, segment_ids, keys, lse, di, do, tiling: Tiling, rate: float, interpret: bool):
+    _, rows, heads, seq, width = qkv.shape
     bq, bk, group = tiling.block_q, tiling.block_k, tiling.heads
     k_ids, q_ids = _segment_layouts(segment_ids)
     q_tile = lambda t, j: tiling.partner(t, j, bk, bq)[0]
@@ -380,10 +391,10 @@ def _backward(q, k, v, segment_ids, keys, lse, di, do, tiling: Tiling, rate: flo
     kernel = functools.partial(_backward_kernel, tiling=tiling, threshold=drop_threshold(rate),
                                scale=keep_scale(rate))
     call = _call(
-        kernel, "flash_dropout_bwd", grid=(rows, heads // group, seq // bk, tiling.band(bk, bq)),
-        in_specs=[pl.BlockSpec((None, group, bq, width), q_block),
-                  pl.BlockSpec((None, group, bk, width), kv_block),
-                  pl.BlockSpec((None, group, bk, width), kv_block),
+        kernel, "bert_jax_flash_bwd", grid=(rows, heads // group, seq // bk, tiling.band(bk, bq)),
+        in_specs=[_stacked((None, group, bq, width), 0, q_block),
+                  _stacked((None, group, bk, width), 1, kv_block),
+                  _stacked((None, group, bk, width), 2, kv_block),
                   pl.BlockSpec((None, group, bq, width), q_block),
                   pl.BlockSpec((None, group, 1, bq), stat_block),
                   pl.BlockSpec((None, group, 1, bq), stat_block),
@@ -392,44 +403,43 @@ def _backward(q, k, v, segment_ids, keys, lse, di, do, tiling: Tiling, rate: flo
         out_specs=[pl.BlockSpec((None, group, seq, width), lambda b, h, t, j, keys: (b, h, 0, 0)),
                    pl.BlockSpec((None, group, bk, width), kv_block),
                    pl.BlockSpec((None, group, bk, width), kv_block)],
-        out_shape=[jax.ShapeDtypeStruct(x.shape, x.dtype) for x in (q, k, v)],
+        out_shape=[jax.ShapeDtypeStruct(qkv.shape[1:], qkv.dtype)] * 3,
         scratch=[] if tiling.pairs() == 1 else [pltpu.VMEM((group, seq, width), jnp.float32),
                                                 pltpu.VMEM((group, bk, width), jnp.float32),
                                                 pltpu.VMEM((group, bk, width), jnp.float32)],
         interpret=interpret)
-    return call(keys, q, k, v, do, lse, di, q_ids, k_ids)
+    return call(keys, qkv, qkv, qkv, do, lse, di, q_ids, k_ids)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7))
-def _attention(q, k, v, segment_ids, keys, tiling: Tiling, rate: float, interpret: bool):
-    return _forward(q, k, v, segment_ids, keys, tiling, rate, interpret)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
+def _attention(qkv, segment_ids, keys, tiling: Tiling, rate: float, interpret: bool):
+    return _forward(qkv, segment_ids, keys, tiling, rate, interpret)[0]
 
 
-def _attention_forward(q, k, v, segment_ids, keys, tiling, rate, interpret):
-    out, lse = _forward(q, k, v, segment_ids, keys, tiling, rate, interpret)
-    return out, (q, k, v, segment_ids, keys, out, lse)
+def _attention_forward(qkv, segment_ids, keys, tiling, rate, interpret):
+    out, lse = _forward(qkv, segment_ids, keys, tiling, rate, interpret)
+    return out, (qkv, segment_ids, keys, out, lse)
 
 
 def _attention_backward(tiling, rate, interpret, residuals, do):
-    q, k, v, segment_ids, keys, out, lse = residuals
+    qkv, segment_ids, keys, out, lse = residuals
     di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, :, None, :]  # [B, heads, 1, S]
-    dq, dk, dv = _backward(q, k, v, segment_ids, keys, lse, di, do, tiling, rate, interpret)
-    return dq, dk, dv, None, None
+    return jnp.stack(_backward(qkv, segment_ids, keys, lse, di, do, tiling, rate, interpret)), None, None
 
 
 _attention.defvjp(_attention_forward, _attention_backward)
 
 
-def flash_attention(q, k, v, segment_ids, seed, rate: float, half_window: int | None = None, row_offset=0,
+def flash_attention(qkv, segment_ids, seed, rate: float, half_window: int | None = None, row_offset=0,
                     head_offset=0, interpret: bool = False, tiling: Tiling | None = None):
-    """softmax(q k^T) v over [B, heads, S, d] (q already scaled), a query seeing the keys of its own segment id
-    ([B, S] int32) within half_window positions, its probabilities dropped at `rate` by the mask of `keep_bits`
-    for `seed` (seed_from). row_offset and head_offset: the global index of this shard's first row and head.
-    `tiling`: another than pick_tiling's (its half_window must be half_window)."""
-    rows, heads, seq, width = q.shape
+    """softmax(q k^T) v over q, k, v = qkv [3, B, heads, S, d] (q already scaled), a query seeing the keys of its own
+    segment id ([B, S] int32) within half_window positions, its probabilities dropped at `rate` by the mask of
+    `keep_bits` for `seed` (seed_from). row_offset and head_offset: the global index of this shard's first row and
+    head. `tiling`: another than pick_tiling's (its half_window must be half_window)."""
+    _, rows, heads, seq, width = qkv.shape
     row_index = jnp.arange(rows, dtype=jnp.uint32) + jnp.asarray(row_offset, jnp.uint32)
     head_index = jnp.arange(heads, dtype=jnp.uint32) + jnp.asarray(head_offset, jnp.uint32)
     keys = head_keys(jnp.asarray(seed, jnp.uint32), row_index[:, None], head_index[None, :])
     keys = lax.bitcast_convert_type(keys, jnp.int32).reshape(-1)  # scalar prefetch takes int32, flat fits SMEM
     tiling = pick_tiling(seq, heads, width, half_window) if tiling is None else tiling
-    return _attention(q, k, v, segment_ids.astype(jnp.int32), keys, tiling, rate, interpret)
+    return _attention(qkv, segment_ids.astype(jnp.int32), keys, tiling, rate, interpret)

@@ -72,6 +72,7 @@ def param_dtype(config: Config) -> jnp.dtype:
 
 HIDDEN = ("activation_batch", "activation_length", "activation_embed")  # [B, S, H] between layers (also E-wide)
 PER_HEAD = ("activation_batch", "activation_heads_length", "activation_heads", "activation_kv")  # [B, S, heads, d]
+STACKED_PER_HEAD = (None, *PER_HEAD)  # Q, K and V stacked: [3, B, S, heads, d]
 FFN_HIDDEN = ("activation_batch", "activation_heads_length", "activation_mlp")  # [B, S, FFN width]
 POOLED = ("activation_batch", "activation_embed")  # [B, H]: [CLS] vectors, the sentence heads' inputs
 
@@ -327,18 +328,20 @@ def window_mask(mask: Array, half_window: int) -> Array:
     return jnp.logical_and(mask, near)
 
 
-def dot_product_attention(query, key, value, mask, config: Config, dropout_rng=None, half_window: int | None = None,
+def dot_product_attention(qkv, mask, config: Config, dropout_rng=None, half_window: int | None = None,
                           scaled_query: bool = False):
-    """softmax(QK^T/sqrt(d)) V over [B, S, heads, d], with attention dropout when given a dropout rng; `mask` is what
-    layer_mask made, `half_window` limits each query to keys that near (ModernBERT's local layers). `scaled_query`:
-    the query is already multiplied by 1/sqrt(d) (query_key_value's scale_query), which only splash takes.
+    """softmax(QK^T/sqrt(d)) V for Q, K, V = qkv [3, B, S, heads, d] (stacked, as one projection writes them: the
+    TPU kernels read them so), with attention dropout when given a dropout rng; `mask` is what layer_mask made,
+    `half_window` limits each query to keys that near (ModernBERT's local layers). `scaled_query`: the query is
+    already multiplied by 1/sqrt(d) (query_key_value's scale_query), which only splash takes.
 
     Every path takes the logits and the softmax in float32 and multiplies bf16 probabilities into V under bfloat16.
     """
-    kernel = attention_kernel(config, deterministic=dropout_rng is None, seq_length=query.shape[1])
+    kernel = attention_kernel(config, deterministic=dropout_rng is None, seq_length=qkv.shape[2])
     if kernel == "splash":
         rate = config.attention_probs_dropout_prob if dropout_rng is not None else 0.0
-        return splash_attention(query, key, value, mask, half_window, dropout_rng, rate, scaled_query)
+        return splash_attention(qkv, mask, half_window, dropout_rng, rate, scaled_query)
+    query, key, value = qkv
     if scaled_query:
         raise ValueError(f"a query scaled in advance is for splash only, not the {kernel!r} attention")
     if kernel == "cudnn" and mask.ndim == 1:  # key lengths (layer_mask)
@@ -432,47 +435,63 @@ def logit_scale(head_dim: int) -> float:
     return 1.0 / float(np.sqrt(head_dim))
 
 
-def splash_attention(query, key, value, segment_ids, half_window: int | None, dropout_rng=None, rate: float = 0.0,
+def with_query_scaled(qkv: Array) -> Array:
+    """Stacked [3, ...] Q, K and V with Q multiplied by 1/sqrt(d) (logit_scale), for the TPU kernels, which do not
+    scale the logits: one multiply by (1/sqrt(d), 1, 1), which fuses into its producer."""
+    scale = jnp.array([logit_scale(qkv.shape[-1]), 1.0, 1.0], qkv.dtype)
+    return qkv * scale.reshape(3, *[1] * (qkv.ndim - 1))
+
+
+def tpu_kernel(half_window: int | None, dropout: bool) -> str:
+    """Which Pallas kernel attention_impl="splash" runs: bert_jax's flash kernel (flash_attention) with attention
+    dropout, which splash lacks, and over global attention, which the compiler schedules 3.0x faster than splash at
+    128 tokens (BERT-base, 256 rows a chip: 0.39 against 1.18 ms a layer), 1.36x at 512 (BERT-large, 72 rows) and
+    as fast at 8192; Pallas' splash over a local window, where its block-sparse kernels are 1.36x faster than ours
+    (ModernBERT-base at 8192 tokens: 28.2 against 38.4 ms a layer). Figures from benchmarks/attention_cycles.py on
+    v5p, forward and backward (docs/tpu.md, "Splash attention")."""
+    return "flash" if dropout or half_window is None else "splash"
+
+
+def splash_attention(qkv, segment_ids, half_window: int | None, dropout_rng=None, rate: float = 0.0,
                      scaled_query: bool = False):
-    """Flash attention over [B, S, heads, d] with [B, S] segment ids (segment_ids_for): Pallas' splash kernel, or,
-    with a dropout rng and rate > 0, bert_jax's flash kernel that drops the probabilities (flash_attention). The
-    kernels do not scale the logits: the query is multiplied by 1/sqrt(d) here, or already was (`scaled_query`).
+    """Flash attention for TPU over qkv [3, B, S, heads, d] with [B, S] segment ids (segment_ids_for), in the
+    kernel tpu_kernel picks: bert_jax's flash kernel, which drops the probabilities itself with a dropout rng and
+    rate > 0, or Pallas' splash. The kernels do not scale the logits: the query is multiplied by 1/sqrt(d) here, or
+    already was (`scaled_query`).
 
     A Pallas kernel is opaque to XLA's partitioner, so under a mesh it runs inside shard_map on each device's batch
-    rows and heads (the layout PER_HEAD pins); outside one, on the whole arrays. The dropout kernel is told which
+    rows and heads (the layout PER_HEAD pins); outside one, on the whole arrays. bert_jax's kernel is told which
     global rows and heads a device holds, so that its mask does not depend on the mesh.
 
     The transposes to the kernels' [B, heads, S, d] and back copy nothing: XLA:TPU lays the projections out heads
     first in memory to begin with (an einsum that writes [B, heads, S, d] compiled to the same cycles, BERT-base s128
-    on v5p-8). What copies is the slicing of query_key_value's stacked Q, K and V into the kernel's three operands
-    (0.4 ms a layer there). Three separate projections skip it, but their backward costs more: 94.5 ms at the cycle
-    sum against 93.3 (58.8 against 60.9 by the cost model), and 0.16 GB more.
+    on v5p-8). Splash takes Q, K and V as three arrays, and slicing them out of the stacked projection copies all
+    three (0.4 ms a layer there); bert_jax's kernel reads the stacked array itself.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     interpret = sharding.target_platform() != "tpu"
-    scale = logit_scale(query.shape[-1])
-    heads_first = lambda x: jnp.swapaxes(x, 1, 2)  # [B, S, heads, d] <-> [B, heads, S, d]
     spec = sharding.active_spec(PER_HEAD)
     dropout = dropout_rng is not None and rate > 0.0
 
-    def attend(q, k, v, ids, seed):
-        q, k, v = heads_first(q if scaled_query else q * scale), heads_first(k), heads_first(v)
-        if dropout:
-            rows, heads = (shard_offset(spec, axis, x) for axis, x in ((0, q.shape[0]), (2, q.shape[1])))
-            return heads_first(flash_attention.flash_attention(q, k, v, ids, seed, rate, half_window, rows, heads,
-                                                               interpret))
-        kernel = splash_kernel(q.shape[2], q.shape[1], half_window, interpret)
-        per_example = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids))
-        return heads_first(jax.vmap(per_example)(q, k, v, ids))
+    def attend(qkv, ids, seed):  # [3, B, S, heads, d] -> [B, S, heads, d], through the kernels' [.., heads, S, d]
+        qkv = jnp.swapaxes(qkv if scaled_query else with_query_scaled(qkv), 2, 3)
+        if tpu_kernel(half_window, dropout) == "flash":
+            rows, heads = (shard_offset(spec, axis, x) for axis, x in ((0, qkv.shape[1]), (2, qkv.shape[2])))
+            context = flash_attention.flash_attention(qkv, ids, seed, rate, half_window, rows, heads, interpret)
+        else:
+            kernel = splash_kernel(qkv.shape[3], qkv.shape[2], half_window, interpret)
+            per_example = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids))
+            context = jax.vmap(per_example)(*qkv, ids)
+        return jnp.swapaxes(context, 1, 2)
 
     seed = flash_attention.seed_from(dropout_rng) if dropout else jnp.zeros((), jnp.uint32)
     if spec is None:
-        return attend(query, key, value, segment_ids, seed)
+        return attend(qkv, segment_ids, seed)
     ids_spec = jax.sharding.PartitionSpec(spec[0], None)
     return jax.shard_map(attend, mesh=jax.sharding.get_abstract_mesh(),
-                         in_specs=(spec, spec, spec, ids_spec, jax.sharding.PartitionSpec()),
-                         out_specs=spec, check_vma=False)(query, key, value, segment_ids, seed)
+                         in_specs=(jax.sharding.PartitionSpec(None, *spec), ids_spec, jax.sharding.PartitionSpec()),
+                         out_specs=spec, check_vma=False)(qkv, segment_ids, seed)
 
 
 def shard_offset(spec, axis: int, local_size: int):
@@ -503,9 +522,9 @@ class ProjectionWeights(nn.Module):
         return kernel, bias
 
 
-def query_key_value(config: Config, x: Array, weights: list, scale_query: bool = False) -> list[Array]:
-    """Q, K and V [B, S, heads, d] in one matmul over the stacked kernels: its input gradient is one sum, reduced
-    once over the tensor axis (three separate projections have three partial gradients to reduce).
+def query_key_value(config: Config, x: Array, weights: list, scale_query: bool = False) -> Array:
+    """Q, K and V stacked [3, B, S, heads, d], in one matmul over the stacked kernels: its input gradient is one sum,
+    reduced once over the tensor axis (three separate projections have three partial gradients to reduce).
 
     `scale_query` multiplies Q by 1/sqrt(d), for splash (dot_product_attention's scaled_query), whose kernels do not
     scale the logits. Done on the stacked product (by 1/sqrt(d), 1, 1), the multiply fuses into the matmul and its
@@ -519,9 +538,7 @@ def query_key_value(config: Config, x: Array, weights: list, scale_query: bool =
     kernel = jnp.stack([kernel for kernel, _ in weights]).astype(dtype)
     bias = jnp.stack([bias for _, bias in weights]).astype(dtype)
     qkv = jnp.einsum("bsh,thnd->tbsnd", x.astype(dtype), kernel) + bias[:, None, None]
-    if scale_query:
-        qkv = qkv * jnp.array([logit_scale(kernel.shape[-1]), 1.0, 1.0], dtype)[:, None, None, None, None]
-    return [constrain(projection, PER_HEAD) for projection in qkv]
+    return constrain(with_query_scaled(qkv) if scale_query else qkv, STACKED_PER_HEAD)
 
 
 class TransformerLayer(nn.Module):
@@ -535,12 +552,12 @@ class TransformerLayer(nn.Module):
         cfg = self.config
         x = constrain(x, HIDDEN)
         scaled = attention_kernel(cfg, self.deterministic, x.shape[1]) == "splash"  # see query_key_value
-        q, k, v = (checkpoint_name(projection, QKV) for projection in query_key_value(
-            cfg, x, [ProjectionWeights(cfg, name=name)() for name in ("query", "key", "value")], scaled))
+        qkv = checkpoint_name(query_key_value(
+            cfg, x, [ProjectionWeights(cfg, name=name)() for name in ("query", "key", "value")], scaled), QKV)
         dropout_rng = None
         if cfg.attention_probs_dropout_prob > 0.0 and not self.deterministic:
             dropout_rng = self.make_rng("dropout")
-        context = constrain(dot_product_attention(q, k, v, mask, cfg, dropout_rng, scaled_query=scaled), PER_HEAD)
+        context = constrain(dot_product_attention(qkv, mask, cfg, dropout_rng, scaled_query=scaled), PER_HEAD)
         attended = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "attention_output", axis=(-2, -1))(context)
         dropout = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)
         x = checkpoint_name(x + dropout(constrain(attended, HIDDEN)), "attention_sum")
