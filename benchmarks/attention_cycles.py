@@ -3,8 +3,9 @@
     python benchmarks/attention_cycles.py [--rows=72 --heads=16 --seq=512 --width=64] [--half_window=64]
 
 Compiles one layer's attention, forward and backward, for one v5p chip (deviceless, as bert_jax.compile_check does)
-with libtpu's LLO dump on, for three kernels: splash (Pallas', as attention_impl=splash runs it without dropout),
-and bert_jax's flash kernel (bert_jax/modeling/flash_attention.py) with attention dropout 0.1 and without. From each
+with libtpu's LLO dump on, for three kernels: Pallas' splash, and bert_jax's flash kernel
+(bert_jax/modeling/flash_attention.py) with attention dropout 0.1 and without (transformer.tpu_kernel picks between
+them by these figures). From each
 kernel's final VLIW bundles it counts the bundles one TensorCore issues: the grid loop's body times its trip count
 (v5p splits a kernel's parallel grid axes over its two cores), plus the bundles outside the loop. That is the
 kernel's cycles if nothing stalls: DMA waits and MXU latency the scheduler could not hide are not in it, and a

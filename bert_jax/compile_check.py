@@ -314,6 +314,12 @@ def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_f
 _SPLASH_CALL = re.compile(r"^\s*(?:ROOT )?%(splash_mha|bert_jax_flash)_(fwd|dkv|dq|bwd)\w*(?:\.\d+)? = ")
 
 
+def layer_windows(model: ml_collections.ConfigDict) -> list[int | None]:
+    """Each layer's attention half window (None: global attention), as the family's layers attend."""
+    window = families.of(model).attention_half_window
+    return [window(model, layer) if window else None for layer in range(model.num_hidden_layers)]
+
+
 def splash_flops(hlo_text: str, config, mesh) -> float:
     """FLOPs per chip and step of the splash kernels the step calls, which XLA's cost model cannot see into (it
     costs a Pallas call by its operands alone): the tiles each layer computes, 2 matmuls a tile forward and in the
@@ -332,15 +338,14 @@ def splash_flops(hlo_text: str, config, mesh) -> float:
         return 0.0
     encoders = [config.model] + ([generator_config(config.model)] if config.objective == "rtd" else [])
     rows = config.data.batch_size // config.optimizer.grad_accum_steps // (mesh.shape["data"] * mesh.shape["fsdp"])
-    seq, family = config.data.seq_length, families.of(config.model)
+    seq = config.data.seq_length
     layers = sum(model.num_hidden_layers for model in encoders)
     forward_runs, backward = calls["fwd"] / layers, calls["dkv"] > 0
     total = 0.0
     for model in encoders:
         heads, width = model.num_attention_heads // mesh.shape["tensor"], model.hidden_size // model.num_attention_heads
         dropout = model.attention_probs_dropout_prob > 0.0
-        for layer in range(model.num_hidden_layers):
-            window = family.attention_half_window(model, layer) if family.attention_half_window else None
+        for window in layer_windows(model):
             forward_pass = 4 * rows * heads * splash_tiles(seq, window) * splash_block(seq, window) ** 2 * width
             fused = tpu_kernel(window, dropout) == "flash" or splash_fused_backward(seq, window)
             backward_matmuls = 5 if fused else 4 + 3

@@ -19,9 +19,10 @@ from bert_jax.optimizer import DEFAULT_NO_WEIGHT_DECAY
 ACTIVATIONS = ("gelu", "gelu_new", "relu", "silu", "tanh")
 REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 DTYPES = ("float32", "bfloat16")
-# "reference": Flax's attention, which materialises the probabilities and is the only one with attention dropout;
-# "xla", "cudnn": a fused jax.nn.dot_product_attention kernel; "splash": Pallas' block-sparse flash kernel for TPU;
-# "auto": splash on TPU, cuDNN flash attention on GPU, XLA elsewhere.
+# "reference": Flax's attention, which materialises the probabilities; "xla", "cudnn": a fused
+# jax.nn.dot_product_attention kernel (no attention dropout); "splash": flash attention for TPU in Pallas (bert_jax's
+# kernel, with attention dropout, or Pallas' block-sparse splash over local windows); "auto": splash on TPU, cuDNN on
+# GPU, XLA elsewhere (docs/training.md, "Attention kernels and dropout").
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "reference")
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 SAMPLE_CORPUS = "data/corpus/*.txt"

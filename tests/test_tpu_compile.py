@@ -107,17 +107,30 @@ def layout_row(scan_layers: bool, batch_per_chip: int, step_s, fits: bool = True
             "est_tokens_per_s_per_chip": step_s and batch_per_chip * 128 / step_s}
 
 
-def test_the_layout_recommended_is_the_faster_one_that_fits():
-    """--layout=auto compares the layouts each at its own largest batch: tokens a second, not step times."""
+def tpu_compile_benchmark():
     spec = importlib.util.spec_from_file_location("tpu_compile", REPO / "benchmarks" / "tpu_compile.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_layout_recommended_is_the_faster_one_that_fits():
+    """--layout=auto compares the layouts each at its own largest batch: tokens a second, not step times."""
+    bench = tpu_compile_benchmark()
     scanned, unscanned = layout_row(True, 840, 0.30), layout_row(False, 256, 0.08)  # 358K against 410K tokens/s
     assert bench.recommendation([scanned, unscanned]).startswith("bert-base-128@v5p-8: train unscanned at 256")
     assert "train scanned at 840" in bench.recommendation([scanned, layout_row(False, 512, 0.16, fits=False)])
     no_time = [layout_row(True, 840, None), layout_row(False, 256, None)]  # v5e: the larger batch
     assert bench.recommendation(no_time).startswith("bert-base-128@v5p-8: train scanned at 840")
     assert bench.recommendation([layout_row(True, 8, 0.1, fits=False)]) == "bert-base-128@v5p-8: no layout fits"
+
+
+def test_the_table_names_the_kernels_each_presets_layers_run():
+    label = lambda preset, dropout, attention="splash": tpu_compile_benchmark().attention_label(
+        {"preset": preset, "attention_dropout": dropout, "attention": attention})
+    assert label("bert-base", 0.0) == "flash" and label("bert-large", 0.1) == "flash, dropout 0.1"
+    assert label("modernbert-base", 0.0) == "flash + splash"  # global layers, then local windows
+    assert label("modernbert-base", 0.1) == "flash, dropout 0.1" and label("bert-base", 0.0, "xla") == "xla"
 
 
 libtpu = pytest.importorskip("libtpu", reason="compiling for TPU needs libtpu (pip install -e '.[tpu]')")

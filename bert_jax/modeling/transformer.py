@@ -267,8 +267,8 @@ SPLASH_BLOCKS = (512, 256, 128)  # splash attention's tiles on TPU (the lane wid
 def attention_kernel(config: Config, deterministic: bool, seq_length: int | None = None) -> str:
     """Which attention runs: "reference" (Flax's, which materialises the [B, heads, S, S] probabilities), a fused
     jax.nn.dot_product_attention implementation ("xla", "cudnn"; "auto": XLA's), or "splash" (flash attention for TPU
-    in Pallas; interpreted, slowly, elsewhere): Pallas' splash kernel, or with attention dropout bert_jax's own flash
-    kernel, which drops the probabilities inside the kernel (bert_jax.modeling.flash_attention).
+    in Pallas; interpreted, slowly, elsewhere): bert_jax's own flash kernel, which also drops the probabilities
+    inside the kernel (bert_jax.modeling.flash_attention), or Pallas' splash over local windows (tpu_kernel).
 
     "auto" is splash when the step is traced for TPU (sharding.target_platform) and S is a multiple of its 128-token
     tiles (which the kernel needs on any platform); on a GPU it is cuDNN's flash attention where the dtype and head
