@@ -36,7 +36,6 @@ from bert_jax import compile_check  # noqa: E402
 compile_check.set_deviceless_environment()
 
 from bert_jax import config_lib, families  # noqa: E402
-from bert_jax.modeling.transformer import tpu_kernel  # noqa: E402
 
 # The papers' schedules, in tokens seen (steps x batch x sequence length), for the days column:
 # BERT (Devlin et al. 2018, A.2): 1M steps of 256 sequences, 90% at 128 tokens, 10% at 512.
@@ -125,13 +124,14 @@ def confirmed_largest(family, size, seq, topology, layout, attention_dropout, ro
 
 def attention_label(row: dict) -> str:
     """The attention column: the kernel; for attention_impl=splash, the Pallas kernels the preset's layers run
-    (transformer.tpu_kernel): "flash" (bert_jax's), "splash" (Pallas', over local windows) or both."""
+    (transformer.tpu_kernel): "flash" (bert_jax's) or "splash" (Pallas')."""
     dropout = row.get("attention_dropout") or 0.0
     suffix = f", dropout {dropout:g}" if dropout else ""
     if row["attention"] != "splash":
         return row["attention"] + suffix
     model = config_lib.load_preset(*row["preset"].split("-", 1)).model
-    kernels = dict.fromkeys(tpu_kernel(window, dropout > 0) for window in compile_check.layer_windows(model))
+    model.attention_probs_dropout_prob = dropout
+    kernels = dict.fromkeys(kernel for _, kernel in compile_check.layer_attention(model))
     return " + ".join(kernels) + suffix
 
 

@@ -314,10 +314,14 @@ def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_f
 _SPLASH_CALL = re.compile(r"^\s*(?:ROOT )?%(splash_mha|bert_jax_flash)_(fwd|dkv|dq|bwd)\w*(?:\.\d+)? = ")
 
 
-def layer_windows(model: ml_collections.ConfigDict) -> list[int | None]:
-    """Each layer's attention half window (None: global attention), as the family's layers attend."""
-    window = families.of(model).attention_half_window
-    return [window(model, layer) if window else None for layer in range(model.num_hidden_layers)]
+def layer_attention(model: ml_collections.ConfigDict) -> list[tuple[int | None, str]]:
+    """Each layer's attention half window (None: global attention) and the Pallas kernel that attention_impl=splash
+    runs it in when training (transformer.tpu_kernel), as the family's layers attend."""
+    family = families.of(model)
+    dropout = model.attention_probs_dropout_prob > 0.0
+    windows = [family.attention_half_window(model, layer) if family.attention_half_window else None
+               for layer in range(model.num_hidden_layers)]
+    return [(window, tpu_kernel(window, dropout, family.stacked_qkv)) for window in windows]
 
 
 def splash_flops(hlo_text: str, config, mesh) -> float:
@@ -344,10 +348,9 @@ def splash_flops(hlo_text: str, config, mesh) -> float:
     total = 0.0
     for model in encoders:
         heads, width = model.num_attention_heads // mesh.shape["tensor"], model.hidden_size // model.num_attention_heads
-        dropout = model.attention_probs_dropout_prob > 0.0
-        for window in layer_windows(model):
+        for window, kernel in layer_attention(model):
             forward_pass = 4 * rows * heads * splash_tiles(seq, window) * splash_block(seq, window) ** 2 * width
-            fused = tpu_kernel(window, dropout) == "flash" or splash_fused_backward(seq, window)
+            fused = kernel == "flash" or splash_fused_backward(seq, window)
             backward_matmuls = 5 if fused else 4 + 3
             total += forward_pass * (forward_runs + backward * backward_matmuls / 2)
     return total

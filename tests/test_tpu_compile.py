@@ -3,8 +3,8 @@
 One small BERT is compiled once for v5p-8 (4 chips) on a (data 2, fsdp 2) mesh in bfloat16 without attention
 dropout, and its executable is read: it fits, every activation keeps the batch split over data x fsdp, FSDP's
 gradients are reduce-scattered, the collectives are within 0.7-1.3x of the layout's ideal, the state is donated, and
-"auto" attention ran bert_jax's flash kernel on the projection's stacked Q, K and V (and a tiny ModernBERT's local
-layers Pallas' splash). The same BERT under pure FSDP on v5e-8, whose compiler carries each
+"auto" attention ran bert_jax's flash kernel on the projection's stacked Q, K and V (and a tiny ModernBERT's layers
+Pallas' splash). The same BERT under pure FSDP on v5e-8, whose compiler carries each
 all-gather through a chain of fusions, moves as little. A step that cannot fit ends the command with one line and
 exit code 1. A layer shared by all of them (ALBERT) is gathered and reduced once a step, and so is the word table
 that the lookup and the MLM head share.
@@ -129,7 +129,7 @@ def test_the_table_names_the_kernels_each_presets_layers_run():
     label = lambda preset, dropout, attention="splash": tpu_compile_benchmark().attention_label(
         {"preset": preset, "attention_dropout": dropout, "attention": attention})
     assert label("bert-base", 0.0) == "flash" and label("bert-large", 0.1) == "flash, dropout 0.1"
-    assert label("modernbert-base", 0.0) == "flash + splash"  # global layers, then local windows
+    assert label("modernbert-base", 0.0) == "splash"  # Q, K and V as three arrays, and local windows
     assert label("modernbert-base", 0.1) == "flash, dropout 0.1" and label("bert-base", 0.0, "xla") == "xla"
 
 
@@ -314,8 +314,9 @@ def test_bert_jaxs_flash_kernel_runs_global_attention_in_the_tpu_step(compiled):
         assert len(sources) == 2 and all(len(qkv) == 1 for qkv in sources), (kernel, sources)
 
 
-def test_local_windows_run_splash_and_global_layers_bert_jaxs_kernel_on_tpu():
-    """ModernBERT's local layers take Pallas' block-sparse splash kernel, its global layers bert_jax's."""
+def test_modernberts_layers_run_splash_on_tpu():
+    """ModernBERT's layers hand attention three arrays (RoPE rotates Q and K apart from V): its local and global
+    layers take Pallas' splash kernel, which reads them so, and skips the tiles outside a local window."""
     config = config_lib.load_preset("modernbert", "tiny")
     config.model.update(dict(dtype="bfloat16", local_attention=128))  # layer 0 global, layers 1 and 2 local
     config.data.batch_size, config.data.seq_length = 8, SEQ
@@ -323,7 +324,7 @@ def test_local_windows_run_splash_and_global_layers_bert_jaxs_kernel_on_tpu():
     config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 4, 1, 1
     hlo = compile_step(config).step.as_text()
     calls = lambda kernel: len(re.findall(rf"^\s*%{kernel}[\w.]* = ", hlo, re.MULTILINE))
-    assert (calls("bert_jax_flash_fwd"), calls("splash_mha_fwd")) == (1, 2)
+    assert (calls("bert_jax_flash_fwd"), calls("splash_mha_fwd")) == (0, 3)
 
 
 def test_a_step_that_cannot_fit_is_one_line_and_exit_code_1():

@@ -105,6 +105,9 @@ class Family:
     pair_token_types: bool = True  # the second text of a pair gets token type 1 (RoBERTa: one type)
     has_generator: bool = False  # ELECTRA: a narrower MLM generator beside the discriminator
     scans_layers: bool = True  # its layers are alike, so scan_layers can stack them
+    # Its layers hand attention Q, K and V as one stacked array, as the shared encoder's QKV projection writes them
+    # (ModernBERT rotates Q and K apart from V, and hands the three): transformer.tpu_kernel reads it.
+    stacked_qkv: bool = True
     # Model keys a new training phase may change without touching the parameters (ModernBERT's RoPE bases): with
     # init_from, a value other than the presets' replaces the checkpoint's (init_from.checkpoint_model).
     phase_keys: tuple[str, ...] = ()

@@ -173,8 +173,7 @@ class Layer(nn.Module):
         dropout_rng = None
         if cfg.attention_probs_dropout_prob > 0.0 and not self.deterministic:
             dropout_rng = self.make_rng("dropout")
-        context = dot_product_attention(jnp.stack([q, k, v]), mask, cfg, dropout_rng,
-                                        attention_half_window(cfg, self.index))
+        context = dot_product_attention((q, k, v), mask, cfg, dropout_rng, attention_half_window(cfg, self.index))
         attended = linear(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "attention_output", cfg.attention_bias,
                           std=out_std(cfg), axis=(-2, -1))(constrain(context, PER_HEAD))
         # As HF's ModernBERT: attention dropout also on the attention output; hidden dropout inside the FFN.
@@ -437,6 +436,7 @@ FAMILY = Family(
     attention_half_window=attention_half_window,
     phase_keys=("global_rope_theta", "local_rope_theta"),  # context extension raises the global one
     scans_layers=False,  # layers differ: attention window, RoPE theta, layer 0 without an attention LayerNorm
+    stacked_qkv=False,  # RoPE rotates Q and K apart from V
     pair_token_types=False,
     encoder=Encoder,
     mlm_head=MlmHead,

@@ -330,14 +330,15 @@ def window_mask(mask: Array, half_window: int) -> Array:
 
 def dot_product_attention(qkv, mask, config: Config, dropout_rng=None, half_window: int | None = None,
                           scaled_query: bool = False):
-    """softmax(QK^T/sqrt(d)) V for Q, K, V = qkv [3, B, S, heads, d] (stacked, as one projection writes them: the
-    TPU kernels read them so), with attention dropout when given a dropout rng; `mask` is what layer_mask made,
-    `half_window` limits each query to keys that near (ModernBERT's local layers). `scaled_query`: the query is
-    already multiplied by 1/sqrt(d) (query_key_value's scale_query), which only splash takes.
+    """softmax(QK^T/sqrt(d)) V for Q, K, V [B, S, heads, d] = qkv, stacked into one [3, ...] array as one projection
+    writes them (bert_jax's TPU kernel reads it so) or three arrays, with attention dropout when given a dropout
+    rng; `mask` is what layer_mask made, `half_window` limits each query to keys that near (ModernBERT's local
+    layers). `scaled_query`: the query is already multiplied by 1/sqrt(d) (query_key_value's scale_query), which
+    only splash takes.
 
     Every path takes the logits and the softmax in float32 and multiplies bf16 probabilities into V under bfloat16.
     """
-    kernel = attention_kernel(config, deterministic=dropout_rng is None, seq_length=qkv.shape[2])
+    kernel = attention_kernel(config, deterministic=dropout_rng is None, seq_length=qkv[0].shape[1])
     if kernel == "splash":
         rate = config.attention_probs_dropout_prob if dropout_rng is not None else 0.0
         return splash_attention(qkv, mask, half_window, dropout_rng, rate, scaled_query)
@@ -442,22 +443,24 @@ def with_query_scaled(qkv: Array) -> Array:
     return qkv * scale.reshape(3, *[1] * (qkv.ndim - 1))
 
 
-def tpu_kernel(half_window: int | None, dropout: bool) -> str:
+def tpu_kernel(half_window: int | None, dropout: bool, stacked: bool = True) -> str:
     """Which Pallas kernel attention_impl="splash" runs: bert_jax's flash kernel (flash_attention) with attention
-    dropout, which splash lacks, and over global attention, which the compiler schedules 3.0x faster than splash at
-    128 tokens (BERT-base, 256 rows a chip: 0.39 against 1.18 ms a layer), 1.36x at 512 (BERT-large, 72 rows) and
-    as fast at 8192; Pallas' splash over a local window, where its block-sparse kernels are 1.36x faster than ours
-    (ModernBERT-base at 8192 tokens: 28.2 against 38.4 ms a layer). Figures from benchmarks/attention_cycles.py on
-    v5p, forward and backward (docs/tpu.md, "Splash attention")."""
-    return "flash" if dropout or half_window is None else "splash"
+    dropout, which splash lacks, and over global attention on a stacked QKV array, which the compiler schedules 3.0x
+    faster than splash at 128 tokens (BERT-base, 256 rows a chip: 0.39 against 1.18 ms a layer), 1.36x at 512
+    (BERT-large, 72 rows) and as fast at 8192. Pallas' splash over a local window, where its block-sparse kernels
+    are 1.36x faster than ours (ModernBERT-base at 8192 tokens: 28.2 against 38.4 ms a layer), and over three
+    arrays (ModernBERT's, whose RoPE rotates Q and K apart from V): stacking them for bert_jax's kernel took its
+    base s1024 step from 562 to 617 ms. Figures from benchmarks/attention_cycles.py and compile_check on v5p
+    (docs/tpu.md, "Splash attention")."""
+    return "flash" if dropout or (half_window is None and stacked) else "splash"
 
 
 def splash_attention(qkv, segment_ids, half_window: int | None, dropout_rng=None, rate: float = 0.0,
                      scaled_query: bool = False):
-    """Flash attention for TPU over qkv [3, B, S, heads, d] with [B, S] segment ids (segment_ids_for), in the
-    kernel tpu_kernel picks: bert_jax's flash kernel, which drops the probabilities itself with a dropout rng and
-    rate > 0, or Pallas' splash. The kernels do not scale the logits: the query is multiplied by 1/sqrt(d) here, or
-    already was (`scaled_query`).
+    """Flash attention for TPU over Q, K, V [B, S, heads, d] = qkv (stacked, or three arrays: dot_product_attention)
+    with [B, S] segment ids (segment_ids_for), in the kernel tpu_kernel picks: bert_jax's flash kernel, which drops
+    the probabilities itself with a dropout rng and rate > 0, or Pallas' splash. The kernels do not scale the
+    logits: the query is multiplied by 1/sqrt(d) here, or already was (`scaled_query`).
 
     A Pallas kernel is opaque to XLA's partitioner, so under a mesh it runs inside shard_map on each device's batch
     rows and heads (the layout PER_HEAD pins); outside one, on the whole arrays. bert_jax's kernel is told which
@@ -473,25 +476,30 @@ def splash_attention(qkv, segment_ids, half_window: int | None, dropout_rng=None
     interpret = sharding.target_platform() != "tpu"
     spec = sharding.active_spec(PER_HEAD)
     dropout = dropout_rng is not None and rate > 0.0
+    stacked = not isinstance(qkv, (tuple, list))
 
-    def attend(qkv, ids, seed):  # [3, B, S, heads, d] -> [B, S, heads, d], through the kernels' [.., heads, S, d]
-        qkv = jnp.swapaxes(qkv if scaled_query else with_query_scaled(qkv), 2, 3)
-        if tpu_kernel(half_window, dropout) == "flash":
+    def attend(qkv, ids, seed):  # -> [B, S, heads, d], through the kernels' [.., heads, S, d]
+        if tpu_kernel(half_window, dropout, stacked) == "flash":
+            qkv = qkv if stacked else jnp.stack(qkv)
+            qkv = jnp.swapaxes(qkv if scaled_query else with_query_scaled(qkv), 2, 3)
             rows, heads = (shard_offset(spec, axis, x) for axis, x in ((0, qkv.shape[1]), (2, qkv.shape[2])))
             context = flash_attention.flash_attention(qkv, ids, seed, rate, half_window, rows, heads, interpret)
         else:
-            kernel = splash_kernel(qkv.shape[3], qkv.shape[2], half_window, interpret)
+            q, k, v = qkv
+            q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q if scaled_query else q * logit_scale(q.shape[-1]), k, v))
+            kernel = splash_kernel(q.shape[2], q.shape[1], half_window, interpret)
             per_example = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids))
-            context = jax.vmap(per_example)(*qkv, ids)
+            context = jax.vmap(per_example)(q, k, v, ids)
         return jnp.swapaxes(context, 1, 2)
 
     seed = flash_attention.seed_from(dropout_rng) if dropout else jnp.zeros((), jnp.uint32)
     if spec is None:
         return attend(qkv, segment_ids, seed)
     ids_spec = jax.sharding.PartitionSpec(spec[0], None)
+    qkv_spec = jax.sharding.PartitionSpec(None, *spec) if stacked else (spec,) * 3
     return jax.shard_map(attend, mesh=jax.sharding.get_abstract_mesh(),
-                         in_specs=(jax.sharding.PartitionSpec(None, *spec), ids_spec, jax.sharding.PartitionSpec()),
-                         out_specs=spec, check_vma=False)(qkv, segment_ids, seed)
+                         in_specs=(qkv_spec, ids_spec, jax.sharding.PartitionSpec()),
+                         out_specs=spec, check_vma=False)(qkv if stacked else tuple(qkv), segment_ids, seed)
 
 
 def shard_offset(spec, axis: int, local_size: int):
