@@ -21,8 +21,8 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_with_no_batch_dims")
 DTYPES = ("float32", "bfloat16")
 # "reference": Flax's attention, which materialises the probabilities; "xla", "cudnn": a fused
 # jax.nn.dot_product_attention kernel (no attention dropout); "splash": flash attention for TPU in Pallas (bert_jax's
-# kernel, with attention dropout, or Pallas' block-sparse splash over local windows); "auto": splash on TPU, cuDNN on
-# GPU, XLA elsewhere (docs/training.md, "Attention kernels and dropout").
+# kernel, which also drops the probabilities, or Pallas' block-sparse splash for ModernBERT); "auto": splash on TPU,
+# cuDNN on GPU, XLA elsewhere (docs/training.md, "Attention kernels and dropout").
 ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "reference")
 CONFIG_DIR = pathlib.Path(__file__).resolve().parent.parent / "configs"
 SAMPLE_CORPUS = "data/corpus/*.txt"

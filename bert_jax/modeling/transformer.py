@@ -268,7 +268,7 @@ def attention_kernel(config: Config, deterministic: bool, seq_length: int | None
     """Which attention runs: "reference" (Flax's, which materialises the [B, heads, S, S] probabilities), a fused
     jax.nn.dot_product_attention implementation ("xla", "cudnn"; "auto": XLA's), or "splash" (flash attention for TPU
     in Pallas; interpreted, slowly, elsewhere): bert_jax's own flash kernel, which also drops the probabilities
-    inside the kernel (bert_jax.modeling.flash_attention), or Pallas' splash over local windows (tpu_kernel).
+    inside the kernel (bert_jax.modeling.flash_attention), or Pallas' splash for ModernBERT (tpu_kernel).
 
     "auto" is splash when the step is traced for TPU (sharding.target_platform) and S is a multiple of its 128-token
     tiles (which the kernel needs on any platform); on a GPU it is cuDNN's flash attention where the dtype and head
