@@ -140,7 +140,9 @@ DEVICELESS_ENVIRONMENT = (
 
 def set_deviceless_environment(topology_name: str = "") -> None:
     """What JAX and libtpu read when they start, for compiling with no TPU (DEVICELESS_ENVIRONMENT), and the slice
-    as TPU_ACCELERATOR_TYPE: set it before anything starts JAX, whose start already reads it."""
+    as TPU_ACCELERATOR_TYPE, and the flags a TPU run gives libtpu (cli.TPU_COMPILER_FLAGS): set it before anything
+    starts JAX, whose start already reads it."""
+    cli.use_tpu_compiler_flags()
     for key, value in DEVICELESS_ENVIRONMENT:
         os.environ.setdefault(key, value)
     if _SLICE.match(topology_name):
@@ -236,6 +238,7 @@ def report(compiled: Compiled) -> dict:
             "dtype": config.model.dtype, "remat_policy": config.model.remat_policy,
             "scan_layers": config.model.scan_layers, "attention": attention_on(compiled.mesh, config),
             "hbm_gb": hbm / GB, "compile_s": round(compiled.compile_seconds, 1),
+            "libtpu_flags": os.environ.get("LIBTPU_INIT_ARGS", ""),
             "state_gb": state_bytes_per_chip(compiled.program.abstract_state) / GB}
     if compiled.step is None:
         return {**base, **refused_memory(compiled.out_of_memory, base["state_gb"]), "fits": False,

@@ -41,3 +41,27 @@ def test_a_user_error_is_one_line_and_the_exit_waits_for_nothing_left_behind():
     child = subprocess.run([sys.executable, "-c", FAILING_COMMAND], capture_output=True, text=True, timeout=120)
     assert child.returncode == 1
     assert child.stderr == "error: config.data.input_files: 'x/*.txt' matches no file\n"
+
+
+PRINT_LIBTPU_ARGS = """
+import os
+from bert_jax import cli
+
+cli.run(lambda argv: print(os.environ["LIBTPU_INIT_ARGS"]))
+"""
+
+
+@pytest.mark.parametrize("given, expected", [
+    (None, " ".join(cli.TPU_COMPILER_FLAGS)),
+    ("--xla_tpu_scoped_vmem_limit_kib=16384 --xla_x=1", "--xla_tpu_scoped_vmem_limit_kib=16384 --xla_x=1"),
+    ("--xla_x=1", "--xla_x=1 " + " ".join(cli.TPU_COMPILER_FLAGS)),
+])
+def test_a_command_gives_libtpu_bert_jax_flags_unless_the_user_set_them(given, expected, monkeypatch):
+    """LIBTPU_INIT_ARGS as a command starts JAX: bert_jax's scoped VMEM limit added, a user's own value kept."""
+    if given is None:
+        monkeypatch.delenv("LIBTPU_INIT_ARGS", raising=False)
+    else:
+        monkeypatch.setenv("LIBTPU_INIT_ARGS", given)
+    child = subprocess.run([sys.executable, "-c", PRINT_LIBTPU_ARGS], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == expected

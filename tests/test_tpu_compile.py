@@ -20,7 +20,7 @@ import sys
 import jax
 import pytest
 
-from bert_jax import compile_check, config_lib
+from bert_jax import cli, compile_check, config_lib
 from bert_jax import sharding_audit as audit
 from bert_jax.modeling.transformer import padded_vocab_size
 
@@ -175,6 +175,15 @@ def test_the_step_fits_and_reads_as_the_compilers_estimate(compiled):
     assert row["attention"] == "splash" and row["donated"]
 
 
+def test_the_step_compiles_with_the_scoped_vmem_limit_a_tpu_run_gets(compiled):
+    """cli.TPU_COMPILER_FLAGS reach libtpu here as in a TPU run. Under libtpu's own limit no fusion of this step takes
+    more than 2.4 MiB of scoped VMEM (libtpu 0.0.42.1); under bert_jax's, its matmul fusions tile larger (4.0 MiB)."""
+    assert set(cli.TPU_COMPILER_FLAGS) <= set(os.environ["LIBTPU_INIT_ARGS"].split())
+    used = re.findall(r'"used_scoped_memory_configs":\[\{"memory_space":"1","offset":"\d+","size":"(\d+)"',
+                      compiled.step.as_text())
+    assert max(map(int, used)) > 3 * 2**20
+
+
 def test_cycles_are_told_apart_by_op_name_for_module_methods_too():
     """ELECTRA traces its two halves as jvp(Electra.generator_logits): model work, not the optimizer update."""
     line = ('  %f.{i} = f32[8] fusion(%p), kind=kLoop, metadata={{op_name="{name}"}}, '
@@ -213,10 +222,10 @@ def data_parallel():
 
 
 def test_a_scanned_step_is_estimated_as_its_layer_loop_runs(data_parallel):
-    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.54x the
+    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.49x the
     full unscanned compile's (the scanned program also recomputes LayerNorm, GELU and dropout, writes each layer's
     saved activations into the loop's stacks and, at this model's 16-wide heads, relays them out for the attention
-    kernel), where counted once it read 0.96x; its optimal_seconds, scaled by the cycles' loop factor, 1.33x (0.82x
+    kernel), where counted once it read 0.91x; its optimal_seconds, scaled by the cycles' loop factor, 1.62x (1.00x
     unscaled): the rough end of the estimate."""
     scanned = compile_check.report(compile_step(data_parallel_bert(scan_layers=True)))
     unscanned = compile_check.report(data_parallel)
@@ -224,7 +233,7 @@ def test_a_scanned_step_is_estimated_as_its_layer_loop_runs(data_parallel):
     assert unscanned["estimate"] == "as compiled" and unscanned["loop_factor"] == 1
     cycles = scanned["est_step_cycles_s"] / unscanned["est_step_cycles_s"]
     assert 1.0 <= cycles <= 1.6 and cycles / scanned["loop_factor"] < 1.0, (scanned, unscanned)
-    assert 0.8 <= scanned["est_step_s"] / unscanned["est_step_s"] <= 1.6, (scanned, unscanned)
+    assert 0.8 <= scanned["est_step_s"] / unscanned["est_step_s"] <= 1.7, (scanned, unscanned)
     assert 0.9 <= scanned["hlo_flops"] / unscanned["hlo_flops"] <= 1.1
     for row in (scanned, unscanned):  # the per-instruction cycle sum: the slow end of the range
         assert row["est_step_cycles_s"] > row["est_step_s"] and row["est_mfu_cycles"] < row["est_mfu"]
