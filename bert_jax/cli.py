@@ -30,7 +30,7 @@ _running_command = False  # set by `run`: this process is a command, and `run` e
 # one XLA op may take of a TensorCore's VMEM; the rest prefetches later ops' operands. Raised from libtpu's default to
 # the value MaxText gives dense models, XLA:TPU tiles the layers' matmul fusions in larger windows: BERT-base s128 at
 # 256 a chip on v5p-8 (compiler's estimates, libtpu 0.0.42.1) went from 56.4 to 53.6 ms unscanned and from 72.5 to
-# 65.7 ms scanned, in 0.05 GB more (docs/tpu.md). A flag of the same name in LIBTPU_INIT_ARGS wins.
+# 65.7 ms scanned, in 0.04 to 0.09 GB more (docs/tpu.md). A flag of the same name in LIBTPU_INIT_ARGS wins.
 TPU_COMPILER_FLAGS = ("--xla_tpu_scoped_vmem_limit_kib=98304",)
 
 
