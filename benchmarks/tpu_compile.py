@@ -16,7 +16,8 @@ markdown table of docs/tpu.md and ends with one JSON line.
 
 `--layout=auto` compiles every row with scanned layers and unscanned (ModernBERT, whose layers differ, unscanned
 only), reports both, and recommends, in one line a row, the faster layout that fits, each at the largest batch it
-fits: time, memory and batch of a row are always those of the one program it trains.
+fits: time, memory and batch of a row are always those of the one program it trains. Where the cycle sums (the
+slow end of the estimate's range) rank the layouts the other way, the line ends "unsettled".
 
 Every step time, MFU and day count is the compiler's estimate (its cost model, plus the splash kernels' FLOPs at
 peak), not a measurement. Each compile takes minutes of CPU; the whole table takes hours: run it in the background.
@@ -159,16 +160,26 @@ def markdown(rows: list[dict]) -> str:
 
 def recommendation(rows: list[dict]) -> str:
     """One line: of a row's layouts, the one that fits and trains the most tokens a second (the compiler's
-    estimate), each at its own batch; the larger batch where the cost model gives no time."""
+    estimate), each at its own batch; the larger batch where the cost model gives no time. Where the cycle sums, the
+    range's slow end, rank the layouts the other way, the line says so: a loop's `optimal_seconds` is scaled, not
+    counted (ELECTRA-large scanned at 160 a chip: est. MFU 0.94 by it, 0.39 by its cycles; docs/tpu.md), so only a
+    TPU settles that choice."""
     fitting = [row for row in rows if row["fits"]]
     if not fitting:
         return f"{rows[0]['base_name']}: no layout fits"
     best = max(fitting, key=lambda row: (row["est_tokens_per_s_per_chip"] or 0, row["batch_per_chip"]))
-    figures = lambda row: (f"{'scanned' if row['scan_layers'] else 'unscanned'} at {row['batch_per_chip']:g} a chip, "
-                           f"{row['per_chip_gb']:.1f} GB" + (f", est. {row['est_step_s'] * 1e3:.0f} ms, MFU "
-                                                              f"{row['est_mfu']:.2f}" if row["est_step_s"] else ""))
+    layout = lambda row: "scanned" if row["scan_layers"] else "unscanned"
+    figures = lambda row: (f"{layout(row)} at {row['batch_per_chip']:g} a chip, {row['per_chip_gb']:.1f} GB"
+                           + (f", est. {row['est_step_s'] * 1e3:.0f} ms, MFU {row['est_mfu']:.2f}"
+                              if row["est_step_s"] else ""))
     others = "; ".join(figures(row) for row in rows if row is not best)
-    return f"{best['base_name']}: train {figures(best)}" + (f" (against {others})" if others else "")
+    line = f"{best['base_name']}: train {figures(best)}" + (f" (against {others})" if others else "")
+    by_cycles = lambda row: row["batch_per_chip"] / row["est_step_cycles_s"] if row.get("est_step_cycles_s") else 0
+    slow_end_best = max(fitting, key=by_cycles)
+    if by_cycles(slow_end_best) > by_cycles(best):
+        line += (f"; unsettled: by the cycle sums {layout(slow_end_best)} is faster "
+                 f"({slow_end_best['est_step_cycles_s'] * 1e3:.0f} against {best['est_step_cycles_s'] * 1e3:.0f} ms)")
+    return line
 
 
 def main():
