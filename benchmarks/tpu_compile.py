@@ -167,14 +167,15 @@ def recommendation(rows: list[dict]) -> str:
     fitting = [row for row in rows if row["fits"]]
     if not fitting:
         return f"{rows[0]['base_name']}: no layout fits"
-    best = max(fitting, key=lambda row: (row["est_tokens_per_s_per_chip"] or 0, row["batch_per_chip"]))
+    rate = lambda seconds: lambda row: row["batch_per_chip"] / row[seconds] if row.get(seconds) else 0
+    best = max(fitting, key=lambda row: (rate("est_step_s")(row), row["batch_per_chip"]))
     layout = lambda row: "scanned" if row["scan_layers"] else "unscanned"
     figures = lambda row: (f"{layout(row)} at {row['batch_per_chip']:g} a chip, {row['per_chip_gb']:.1f} GB"
                            + (f", est. {row['est_step_s'] * 1e3:.0f} ms, MFU {row['est_mfu']:.2f}"
                               if row["est_step_s"] else ""))
     others = "; ".join(figures(row) for row in rows if row is not best)
     line = f"{best['base_name']}: train {figures(best)}" + (f" (against {others})" if others else "")
-    by_cycles = lambda row: row["batch_per_chip"] / row["est_step_cycles_s"] if row.get("est_step_cycles_s") else 0
+    by_cycles = rate("est_step_cycles_s")
     slow_end_best = max(fitting, key=by_cycles)
     if by_cycles(slow_end_best) > by_cycles(best):
         line += (f"; unsettled: by the cycle sums {layout(slow_end_best)} is faster "
