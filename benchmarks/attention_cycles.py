@@ -61,17 +61,19 @@ def issue_cycles(bundles_file: str) -> int:
 
 
 def layer_attention(kernel: str, args):
-    """Gradients of one layer's attention over [rows, heads, S, d] through `kernel`."""
+    """Gradients of one layer's attention through `kernel`, over q, k, v [rows, S, heads, d] as the layers give
+    them: splash takes them heads first, bert_jax's kernel with the heads side by side in the lanes."""
     rate = {"dropout": 0.1, "no_dropout": 0.0}.get(kernel)
     if kernel == "splash":
         from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
         made = transformer.splash_kernel(args.seq, args.heads, args.half_window, interpret=False)
-        attend = lambda q, k, v, ids: jax.vmap(
-            lambda q, k, v, i: made(q, k, v, segment_ids=splash.SegmentIds(i, i)))(q, k, v, ids)
+        attend = lambda q, k, v, ids: jax.vmap(lambda q, k, v, i: made(q, k, v, segment_ids=splash.SegmentIds(i, i)))(
+            *(jnp.swapaxes(x, 1, 2) for x in (q, k, v)), ids)
     else:
-        attend = lambda q, k, v, ids: flash_attention.flash_attention(jnp.stack([q, k, v]), ids, 7, rate,
-                                                                      args.half_window)
+        lanes = lambda x: x.reshape(*x.shape[:2], -1)
+        attend = lambda q, k, v, ids: flash_attention.flash_attention(
+            jnp.stack([lanes(q), lanes(k), lanes(v)]), ids, 7, rate, args.heads, args.half_window)
     loss = lambda q, k, v, ids: jnp.sum(attend(q, k, v, ids).astype(jnp.float32))
     return jax.grad(loss, argnums=(0, 1, 2))
 
@@ -81,7 +83,7 @@ def kernel_cycles(kernel: str, args, device) -> dict:
     for path in glob.glob(f"{DUMP}/*"):
         os.remove(path)
     sharded = jax.sharding.SingleDeviceSharding(device)
-    qkv = jax.ShapeDtypeStruct((args.rows, args.heads, args.seq, args.width), jnp.bfloat16, sharding=sharded)
+    qkv = jax.ShapeDtypeStruct((args.rows, args.seq, args.heads, args.width), jnp.bfloat16, sharding=sharded)
     ids = jax.ShapeDtypeStruct((args.rows, args.seq), jnp.int32, sharding=sharded)
     jax.jit(layer_attention(kernel, args)).lower(qkv, qkv, qkv, ids).compile()
     cycles = {}

@@ -37,6 +37,12 @@ def hashed_reference(q, k, v, segment_ids, seed, rate, half_window):
     return jnp.einsum("bhqk,bhkd->bhqd", weights.astype(v.dtype), v)
 
 
+def in_lanes(x):
+    """[B, heads, S, d] -> the kernel's and the layers' [B, S, heads x d]."""
+    rows, heads, seq, width = x.shape
+    return jnp.swapaxes(x, 1, 2).reshape(rows, seq, heads * width)
+
+
 def inputs(seq: int, packed: bool, heads: int = 2, width: int = 16):
     """q, k, v [2, heads, S, d]; row 1 with its last quarter padded (id -1, as segment_ids_for writes it); packed
     rows hold two examples (ids 1 and 2)."""
@@ -46,32 +52,33 @@ def inputs(seq: int, packed: bool, heads: int = 2, width: int = 16):
     return q, k, v, jnp.asarray(ids, jnp.int32)
 
 
-CASES = {  # name: (sequence length, packed, half window, square tile, heads a grid step)
-    "padding, one tile, both heads in one step": (128, False, None, 128, 2),
-    "packed, one 256-key tile (two decisions a hash)": (256, True, None, 256, 1),
-    "local window over three tiles, packed": (384, True, 40, 128, 1),
-    "global over 2 x 2 tiles of 256": (512, False, None, 256, 1),
+CASES = {  # name: (sequence length, packed, half window, square tile, heads a grid step, heads, head width)
+    "padding, one tile, both 16-wide heads in one step (under 128 lanes)": (128, False, None, 128, 2, 2, 16),
+    "packed, one 256-key tile (two decisions a hash), two 64-wide heads a row": (256, True, None, 256, 2, 4, 64),
+    "local window over three tiles, packed, four 64-wide heads a step": (384, True, 40, 128, 4, 4, 64),
+    "global over 2 x 2 tiles of 256, a 128-wide head a step": (512, False, None, 256, 1, 2, 128),
 }
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_kernel_matches_the_hashed_reference_forward_and_backward(name):
-    seq, packed, half_window, block, group = CASES[name]
+    seq, packed, half_window, block, group, heads, width = CASES[name]
     tiling = fa.Tiling(seq, block, block, half_window, group)
-    q, k, v, ids = inputs(seq, packed)
+    q, k, v, ids = inputs(seq, packed, heads, width)
     weights = jax.random.normal(jax.random.key(1), q.shape)
 
     def outputs_and_grads(attend):
         loss = lambda q, k, v: (lambda out: (jnp.sum(out * weights), out))(attend(q, k, v))
         return jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
 
-    (_, ours), our_grads = outputs_and_grads(
-        lambda q, k, v: fa.flash_attention(jnp.stack([q, k, v]), ids, 7, RATE, half_window, interpret=True,
-                                           tiling=tiling))
+    heads_first = lambda out: jnp.swapaxes(out.reshape(*out.shape[:2], heads, width), 1, 2)
+    (_, ours), our_grads = outputs_and_grads(lambda q, k, v: heads_first(fa.flash_attention(
+        jnp.stack([in_lanes(q), in_lanes(k), in_lanes(v)]), ids, 7, RATE, heads, half_window, interpret=True,
+        tiling=tiling)))
     (_, ref), ref_grads = outputs_and_grads(lambda q, k, v: hashed_reference(q, k, v, ids, 7, RATE, half_window))
     np.testing.assert_allclose(ours, ref, atol=1e-5)
     for ours_grad, ref_grad in zip(our_grads, ref_grads):
-        np.testing.assert_allclose(ours_grad, ref_grad, atol=5e-5)
+        np.testing.assert_allclose(ours_grad, ref_grad, atol=2e-4, rtol=1e-4)
 
 
 def kernel_mask(seed, seq: int = 256, rows: int = 2, heads: int = 2, row_offset: int = 0):
@@ -80,7 +87,9 @@ def kernel_mask(seed, seq: int = 256, rows: int = 2, heads: int = 2, row_offset:
     q = jnp.zeros((rows, heads, seq, seq), jnp.float32)
     v = jnp.broadcast_to(jnp.eye(seq, dtype=jnp.float32), q.shape)
     ids = jnp.zeros((rows, seq), jnp.int32)
-    out = fa.flash_attention(jnp.stack([q, q, v]), ids, seed, RATE, row_offset=row_offset, interpret=True)
+    out = fa.flash_attention(jnp.stack([in_lanes(q), in_lanes(q), in_lanes(v)]), ids, seed, RATE, heads,
+                             row_offset=row_offset, interpret=True)
+    out = jnp.swapaxes(out.reshape(rows, seq, heads, seq), 1, 2)
     return np.asarray(out * seq / fa.keep_scale(RATE)) > 0.5
 
 
@@ -132,12 +141,13 @@ def test_a_models_masks_are_a_pure_function_of_the_steps_rng():
 
 
 def dropout_config(impl: str = "splash"):
-    return config_lib.model_config("bert", attention_impl=impl, attention_probs_dropout_prob=RATE)
+    return config_lib.model_config("bert", attention_impl=impl, attention_probs_dropout_prob=RATE, hidden_size=32,
+                                   num_attention_heads=2)
 
 
 @pytest.mark.parametrize("half_window", [None, 4])
 def test_dot_product_attention_runs_the_kernel_for_splash_with_dropout(half_window):
-    """[B, S, heads, d] in, the logits scaled by 1/sqrt(d), the seed drawn from the dropout rng, segment ids from
+    """[B, S, heads x d] in, the logits scaled by 1/sqrt(d), the seed drawn from the dropout rng, segment ids from
     the attention mask, ModernBERT's local window: the layers' attention equals the hashed reference on the same
     inputs."""
     q, k, v, ids = inputs(128, packed=True)
@@ -146,29 +156,28 @@ def test_dot_product_attention_runs_the_kernel_for_splash_with_dropout(half_wind
     config = dropout_config()
     mask = transformer.layer_mask(config, attention_mask, packing, deterministic=False)
     rng = jax.random.key(5)
-    to_layers = lambda x: jnp.swapaxes(x, 1, 2)  # [B, heads, S, d] -> [B, S, heads, d]
-    ours = transformer.dot_product_attention(jnp.stack([to_layers(x) for x in (q, k, v)]), mask, config, rng,
+    ours = transformer.dot_product_attention(jnp.stack([in_lanes(x) for x in (q, k, v)]), mask, config, rng,
                                              half_window)
     ref = hashed_reference(q / np.sqrt(q.shape[-1]), k, v, mask, fa.seed_from(rng), RATE, half_window)
-    real = (ids >= 0)[:, :, None, None]
-    np.testing.assert_allclose(ours * real, to_layers(ref) * real, atol=1e-5)
+    real = (ids >= 0)[:, :, None]
+    np.testing.assert_allclose(ours * real, in_lanes(ref) * real, atol=1e-5)
 
 
 def test_the_mask_does_not_depend_on_the_mesh():
     """Under a (data 2, tensor 2) mesh each device holds 2 rows x 2 heads; the kernel hashes their global indices, so
     the output equals the unsharded one."""
     q, k, v, ids = (x.repeat(2, axis=0) for x in inputs(128, packed=False, heads=4))
-    to_layers = lambda x: jnp.swapaxes(x, 1, 2)
-    attend = lambda q, k, v: transformer.splash_attention(jnp.stack([q, k, v]), ids, None, jax.random.key(9), RATE)
-    whole = attend(*map(to_layers, (q, k, v)))
+    attend = lambda q, k, v: transformer.splash_attention(jnp.stack([q, k, v]), ids, q.shape[-1] // 4, None,
+                                                          jax.random.key(9), RATE)
+    whole = attend(*map(in_lanes, (q, k, v)))
     mesh = sharding.make_mesh(2, 1, 2, devices=jax.devices()[:4])
-    placed = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor", None))
+    placed = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor"))
 
     def sharded(q, k, v):
         with sharding.activation_sharding(mesh):
             return attend(q, k, v)
 
-    split = jax.jit(sharded)(*(jax.device_put(to_layers(x), placed) for x in (q, k, v)))
+    split = jax.jit(sharded)(*(jax.device_put(in_lanes(x), placed) for x in (q, k, v)))
     np.testing.assert_allclose(split, whole, atol=1e-6)
 
 

@@ -66,7 +66,7 @@ def test_attention_softmax_is_float32_under_bfloat16(impl):
     q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
     mask = attention_mask_for(jnp.ones((2, 12)).at[1, 7:].set(0), None)
     expected = nn.dot_product_attention(*(x.astype(jnp.float32) for x in (q, k, v)), mask=mask)
-    got = dot_product_attention(jnp.stack([q, k, v]), mask, tiny_model(dtype="bfloat16", attention_impl=impl))
+    got = dot_product_attention((q, k, v), mask, tiny_model(dtype="bfloat16", attention_impl=impl))
     assert got.dtype == jnp.bfloat16
     # Only the bfloat16 probabilities times V round; logits of ~30 in bfloat16 would be off by up to 0.125.
     np.testing.assert_allclose(got.astype(jnp.float32), expected, atol=0.03)

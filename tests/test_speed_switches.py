@@ -15,7 +15,7 @@ from flax import linen as nn
 
 from bert_jax import config_lib, modeling, objectives, optimizer, train
 from bert_jax.modeling import pretraining_model, transformer
-from bert_jax.modeling.transformer import attention_kernel, attention_mask_for, dot_product_attention
+from bert_jax.modeling.transformer import attention_kernel, attention_mask_for, dot_product_attention, in_lanes
 from train_helpers import global_batch_at, tiny_config
 
 
@@ -34,7 +34,8 @@ def test_fused_attention_and_its_gradients_equal_the_reference(impl, cache_bytes
     def value_and_grads(attention):
         return jax.value_and_grad(lambda q, k, v: (attention(q, k, v) ** 2).sum(), argnums=(0, 1, 2))(q, k, v)
 
-    ours = value_and_grads(lambda q, k, v: dot_product_attention(jnp.stack([q, k, v]), mask, config))
+    stacked = lambda q, k, v: jnp.stack([in_lanes(x) for x in (q, k, v)])  # as the layers' projection writes them
+    ours = value_and_grads(lambda q, k, v: dot_product_attention(stacked(q, k, v), mask, config))
     reference = value_and_grads(lambda q, k, v: nn.dot_product_attention(q, k, v, mask=mask))
     for got, expected in zip(jax.tree.leaves(ours), jax.tree.leaves(reference)):
         np.testing.assert_allclose(got, expected, atol=2e-5, rtol=1e-5)

@@ -30,9 +30,14 @@ def inputs(seq: int, packed: bool):
 
 
 def attention(kind: str, q, k, v, attention_mask, packing, half_window):
-    config = config_lib.model_config("bert", attention_impl=kind, attention_probs_dropout_prob=0.0)
+    """The layers' attention over q, k, v stacked as their projection writes them, [3, B, S, heads x d]; the
+    context [B, S, heads, d] (bert_jax's kernel gives it [B, S, heads x d])."""
+    config = config_lib.model_config("bert", attention_impl=kind, attention_probs_dropout_prob=0.0,
+                                     hidden_size=HEADS * WIDTH, num_attention_heads=HEADS)
     mask = transformer.layer_mask(config, attention_mask, packing, deterministic=True)
-    return transformer.dot_product_attention(jnp.stack([q, k, v]), mask, config, half_window=half_window)
+    context = transformer.dot_product_attention(jnp.stack([transformer.in_lanes(x) for x in (q, k, v)]), mask,
+                                                config, half_window=half_window)
+    return transformer.per_head(context, WIDTH) if context.ndim == 3 else context
 
 
 MASKS = {  # name: (sequence length, packed, half window)
@@ -164,4 +169,4 @@ def test_only_splash_takes_a_query_scaled_in_advance():
     config = config_lib.model_config("bert", attention_impl="xla", attention_probs_dropout_prob=0.0)
     mask = transformer.layer_mask(config, attention_mask, None, deterministic=True)
     with pytest.raises(ValueError, match="splash only"):
-        transformer.dot_product_attention(jnp.stack([q, k, v]), mask, config, scaled_query=True)
+        transformer.dot_product_attention((q, k, v), mask, config, scaled_query=True)

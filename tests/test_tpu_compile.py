@@ -182,13 +182,14 @@ def test_the_step_fits_and_reads_as_the_compilers_estimate(compiled):
     assert row["attention"] == "splash" and row["donated"]
 
 
-def test_the_step_compiles_with_the_scoped_vmem_limit_a_tpu_run_gets(compiled):
+def test_the_step_compiles_with_the_scoped_vmem_limit_a_tpu_run_gets(data_parallel):
     """cli.TPU_COMPILER_FLAGS reach libtpu here as in a TPU run. Under libtpu's own limit no fusion of this step takes
-    more than 2.4 MiB of scoped VMEM (libtpu 0.0.42.1); under bert_jax's, its matmul fusions tile larger (4.0 MiB)."""
+    more than 5.6 MiB of scoped VMEM (libtpu 0.0.42.1); under bert_jax's, its FFN's matmul fusions tile larger
+    (6.8 MiB)."""
     assert set(cli.TPU_COMPILER_FLAGS) <= set(os.environ["LIBTPU_INIT_ARGS"].split())
     used = re.findall(r'"used_scoped_memory_configs":\[\{"memory_space":"1","offset":"\d+","size":"(\d+)"',
-                      compiled.step.as_text())
-    assert max(map(int, used)) > 3 * 2**20
+                      data_parallel.step.as_text())
+    assert max(map(int, used)) > 6 * 2**20
 
 
 def test_cycles_are_told_apart_by_op_name_for_module_methods_too():
@@ -229,11 +230,11 @@ def data_parallel():
 
 
 def test_a_scanned_step_is_estimated_as_its_layer_loop_runs(data_parallel):
-    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.49x the
-    full unscanned compile's (the scanned program also recomputes LayerNorm, GELU and dropout, writes each layer's
-    saved activations into the loop's stacks and, at this model's 16-wide heads, relays them out for the attention
-    kernel), where counted once it read 0.91x; its optimal_seconds, scaled by the cycles' loop factor, 1.62x (1.00x
-    unscaled): the rough end of the estimate."""
+    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.30x the
+    full unscanned compile's (the scanned program also recomputes LayerNorm, GELU and dropout, and writes each
+    layer's saved activations into the loop's stacks and copies them back out), where counted once it read 0.87x;
+    its optimal_seconds, scaled by the cycles' loop factor, 1.23x: the rough end of the estimate. (Before Q, K and V
+    were laid out heads side by side, which this model's 16-wide heads gained most from: 1.49x, 0.91x, 1.62x.)"""
     scanned = compile_check.report(compile_step(data_parallel_bert(scan_layers=True)))
     unscanned = compile_check.report(data_parallel)
     assert scanned["estimate"].startswith("while-loop bodies counted per iteration") and scanned["loop_factor"] > 1.3

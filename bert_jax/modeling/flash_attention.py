@@ -21,10 +21,12 @@ The masks the kernel applies are those of splash attention in transformer.py: [B
 keys of its own id; transformer.segment_ids_for) and optionally a symmetric local window. Only the kv tiles a
 query tile's window reaches are in the grid (`Tiling`), so a local layer skips the rest.
 
-Layout: q, k, v stacked [3, B, heads, S, d], as the QKV projection writes them (three arrays sliced out of it
-would be a copy of all three), q already scaled by 1/sqrt(d). The forward grid is (row, head, q tile, kv tile);
-the backward grid (row, head, kv tile, q tile) computes dk and dv of a kv tile over its q tiles and adds each
-tile's dq into a float32 [S, d] accumulator that stays in VMEM for the row and head, so one kernel computes all
+Layout: q, k, v stacked [3, B, S, heads x d], as the QKV projection writes them (three arrays sliced out of it
+would be a copy of all three), q already scaled by 1/sqrt(d); the output [B, S, heads x d], as the output
+projection reads it. A token's heads lie side by side in the lanes, so a 64-wide head is half a 128-lane row, not a
+padded row of its own (HeadWindow). The forward grid is (row, group of heads, q tile, kv tile); the backward grid
+(row, group of heads, kv tile, q tile) computes dk and dv of a kv tile over its q tiles and adds each tile's dq
+into a float32 [S, heads x d] accumulator that stays in VMEM for the row and group, so one kernel computes all
 three gradients (5 matmuls a tile) and recomputes each tile's mask once.
 """
 from __future__ import annotations
@@ -151,17 +153,64 @@ class Tiling:
 def pick_tiling(seq: int, heads: int, width: int, half_window: int | None) -> Tiling:
     """Square tiles: 512 (or the largest of 256 and 128 that divides S) for global attention, 128 under a window,
     where smaller tiles compute fewer pairs outside it (the sizes splash attention uses here too). Then as many
-    heads a step (a divisor of `heads`) as keep a step's tiles within 512 x 512 entries and the backward's
-    float32 dq accumulator ([heads a step, S, width], in VMEM's 128-lane rows) within 4 MiB.
+    heads a step as keep a step's tiles within 512 x 512 entries and the backward's float32 dq accumulator
+    ([S, heads a step x width]) within 4 MiB, among the divisors of `heads` whose heads fill whole 128-lane
+    columns (or all the lanes there are); the fewest of those where none is that small.
 
     Chosen by the compiler's schedule of the kernels for v5p (bundles x grid steps, BERT-large's 16 heads at 512
-    tokens, BERT-base's 12 at 128): at 512 tokens one 512 x 512 tile a step beats 512 x 256 by 1.4x and two heads a
-    step by 1.04x; at 128 tokens 12 heads a step beat one by 2.0x."""
+    tokens, BERT-base's 12 at 128): at 512 tokens one 512 x 512 tile a step beats 512 x 256 by 1.4x; at 128 tokens
+    12 heads a step beat one by 2.0x."""
     fitting = [b for b in (512, 256, 128) if seq % b == 0]
     block = fitting[0] if half_window is None else fitting[-1]
-    group = max(g for g in range(1, heads + 1) if heads % g == 0 and g * block * block <= 512 * 512
-                and g * seq * max(width, LANES) * 4 <= 4 * 2 ** 20)
-    return Tiling(seq, block, block, half_window, group)
+    lane_groups = [g for g in range(1, heads + 1) if heads % g == 0 and (g * width % LANES == 0 or g == heads)]
+    small = [g for g in lane_groups if g * block * block <= 512 * 512
+             and seq * -(-g * width // LANES) * LANES * 4 <= 4 * 2 ** 20]
+    return Tiling(seq, block, block, half_window, max(small) if small else min(lane_groups))
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadWindow:
+    """Where one head's d lanes sit in a grid step's block of heads x d lanes ([tokens, heads x d], as the
+    projections lay them out: no lane of a 64-wide head is padding). A head is read through the whole 128-lane
+    columns it lies in, `size` lanes from `start`, its own at `offset` (the block itself where it is narrower): an MXU
+    contraction is 128 deep either way, so masking the neighbour's lanes to zero (`own`) costs a select, where
+    shifting the head out of its row would cost lane rotations."""
+
+    start: int
+    size: int
+    offset: int
+    width: int
+
+    @staticmethod
+    def of(head: int, heads: int, lanes: int) -> "HeadWindow":
+        width = lanes // heads
+        size = width if width % LANES == 0 else LANES if lanes % LANES == 0 and LANES % width == 0 else lanes
+        start = head * width // size * size
+        return HeadWindow(start, size, head * width - start, width)
+
+    def read(self, ref, rows=slice(None)):
+        return ref[rows, self.start:self.start + self.size]
+
+    def _mine(self, shape):
+        lane = lax.broadcasted_iota(jnp.int32, shape, 1)
+        return jnp.logical_and(lane >= self.offset, lane < self.offset + self.width)
+
+    def own(self, ref):
+        """The window with the other heads' lanes zero: contractions over it see this head only, and products
+        with it are zero outside this head's lanes."""
+        x = self.read(ref)
+        return x if self.width == self.size else jnp.where(self._mine(x.shape), x, jnp.zeros_like(x))
+
+    def merge(self, ref, value):
+        """Write this head's lanes of `value` and leave the others' lanes as they are."""
+        window = (slice(None), slice(self.start, self.start + self.size))
+        ref[window] = value if self.width == self.size else jnp.where(self._mine(value.shape), value, ref[window])
+
+    def add(self, ref, value, rows=slice(None), first_writes: bool = False):
+        """Add a `value` that is zero outside this head's lanes (made from `own` operands). `first_writes`: the
+        window's first head writes instead, so that an output its heads fill together needs no zeroing first."""
+        window = (rows, slice(self.start, self.start + self.size))
+        ref[window] = value if first_writes and self.offset == 0 else ref[window] + value
 
 
 # ------------------------------------------------------------------------------------------------------------------
@@ -230,9 +279,10 @@ def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, 
     bq, bk = tiling.block_q, tiling.block_k
     kv_tile, exists = tiling.partner(i, j, bq, bk)
     single = not scratch
+    windows = [HeadWindow.of(g, tiling.heads, q_ref.shape[-1]) for g in range(tiling.heads)]
 
     def finish(g, m, total, acc):
-        o_ref[g] = (acc * (scale / total[:, :1])).astype(o_ref.dtype)
+        windows[g].merge(o_ref, (acc * (scale / total[:, :1])).astype(o_ref.dtype))
         lse_ref[g] = jnp.broadcast_to(m + jnp.log(total), (bq, LANES)).T[:1]
 
     if not single:
@@ -247,8 +297,9 @@ def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, 
     @pl.when(exists)
     def _tile():
         allowed = _allowed(tiling, q_ids_ref[...], k_ids_ref[...], i * bq, kv_tile * bk, True)
-        for g in range(tiling.heads):
-            s = lax.dot_general(q_ref[g], k_ref[g], NT, preferred_element_type=jnp.float32)  # [bq, bk]
+        for g, window in enumerate(windows):
+            q, k, v = window.own(q_ref), window.read(k_ref), window.read(v_ref)
+            s = lax.dot_general(q, k, NT, preferred_element_type=jnp.float32)  # [bq, bk]
             s = jnp.where(allowed, s, MASKED)
             m_tile = s.max(axis=-1, keepdims=True)
             m_next = m_tile if single else jnp.maximum(m_ref[g], m_tile)  # [bq, 1] or [bq, LANES]
@@ -257,33 +308,35 @@ def _forward_kernel(keys_ref, q_ref, k_ref, v_ref, q_ids_ref, k_ids_ref, o_ref, 
             if threshold:
                 head_key = _head_key(keys_ref, b, h, tiling.heads, g)
                 p = jnp.where(_keep(head_key, i * bq, kv_tile * bk, (bq, bk), True, threshold), p, 0.0)
-            pv = jnp.dot(p.astype(v_ref.dtype), v_ref[g], preferred_element_type=jnp.float32)
+            pv = jnp.dot(p.astype(v.dtype), v, preferred_element_type=jnp.float32)  # the head's lanes hold its output
             if single:
                 finish(g, m_next, total, pv)
                 continue
             alpha = jnp.exp(m_ref[g] - m_next)
             l_ref[g] = alpha * l_ref[g] + total
             m_ref[g] = m_next
-            acc_ref[g] = alpha[:, :1] * acc_ref[g] + pv
+            window.merge(acc_ref, alpha[:, :1] * window.read(acc_ref) + pv)
 
     if not single:
         @pl.when(j == pl.num_programs(3) - 1)
         def _end():
-            for g in range(tiling.heads):
-                finish(g, m_ref[g], l_ref[g], acc_ref[g])
+            for g, window in enumerate(windows):
+                finish(g, m_ref[g], l_ref[g], window.read(acc_ref))
 
 
 def _backward_kernel(keys_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_ids_ref, k_ids_ref,
                      dq_ref, dk_ref, dv_ref, *scratch, tiling: Tiling, threshold: int, scale: float):
     """One (row, group of heads, kv tile, j-th q tile it meets) step on transposed [bk, bq] tiles: dk and dv summed
-    over the q tiles in the scratch, dq over the kv tiles in a [heads, S, d] scratch that stays for the row and
+    over the q tiles in the scratch, dq over the kv tiles in a [S, heads x d] scratch that stays for the row and
     group; where a kv tile meets one q tile (S <= 512), straight to the outputs. The keep scale multiplies the
-    gradients once at the end rather than every entry: ds = scale x p (kept dp - di / scale)."""
+    gradients once at the end rather than every entry: ds = scale x p (kept dp - di / scale). With q, k and dO read
+    as the head's own lanes (HeadWindow.own), each gradient is zero in the other heads' lanes: they add up."""
     b, h, t, j = (pl.program_id(axis) for axis in range(4))
     bq, bk = tiling.block_q, tiling.block_k
     q_tile, exists = tiling.partner(t, j, bk, bq)
     last = j == pl.num_programs(3) - 1
     single = not scratch
+    windows = [HeadWindow.of(g, tiling.heads, q_ref.shape[-1]) for g in range(tiling.heads)]
     if not single:
         dq_acc_ref, dk_acc_ref, dv_acc_ref = scratch
 
@@ -300,8 +353,8 @@ def _backward_kernel(keys_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_i
     def _tile():
         allowed = _allowed(tiling, q_ids_ref[...], k_ids_ref[...], q_tile * bq, t * bk, False)
         rows = pl.ds(pl.multiple_of(q_tile * bq, bq), bq)
-        for g in range(tiling.heads):
-            q, k, v, do = q_ref[g], k_ref[g], v_ref[g], do_ref[g]
+        for g, window in enumerate(windows):
+            q, k, v, do = window.own(q_ref), window.own(k_ref), window.read(v_ref), window.own(do_ref)
             s = lax.dot_general(k, q, NT, preferred_element_type=jnp.float32)  # [bk, bq]: transposed logits
             p = jnp.exp(jnp.where(allowed, s, MASKED) - lse_ref[g])
             dp = lax.dot_general(v, do, NT, preferred_element_type=jnp.float32)
@@ -315,13 +368,12 @@ def _backward_kernel(keys_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, q_i
             dk = jnp.dot(ds, q, preferred_element_type=jnp.float32)
             dq = lax.dot_general(ds, k, TN, preferred_element_type=jnp.float32)
             if single:
-                dq_ref[g] = (dq * scale).astype(dq_ref.dtype)
-                dk_ref[g] = (dk * scale).astype(dk_ref.dtype)
-                dv_ref[g] = (dv * scale).astype(dv_ref.dtype)
+                for ref, grad in ((dq_ref, dq), (dk_ref, dk), (dv_ref, dv)):
+                    window.add(ref, (grad * scale).astype(ref.dtype), first_writes=True)
             else:
-                dv_acc_ref[g] += dv
-                dk_acc_ref[g] += dk
-                dq_acc_ref[g, rows, :] += dq
+                window.add(dv_acc_ref, dv)
+                window.add(dk_acc_ref, dk)
+                window.add(dq_acc_ref, dq, rows)
 
     if not single:
         @pl.when(last)
@@ -344,7 +396,7 @@ def _call(kernel, name: str, grid, in_specs, out_specs, out_shape, scratch, inte
 
 
 def _stacked(block_shape, which: int, index_map):
-    """The block of q (which=0), k (1) or v (2) out of the stacked [3, B, heads, S, d]: the kernel reads the
+    """The block of q (which=0), k (1) or v (2) out of the stacked [3, B, S, heads x d]: the kernel reads the
     projection's output itself, so nothing slices it into three arrays first (a copy of all three)."""
     return pl.BlockSpec((None, *block_shape), lambda *grid: (which, *index_map(*grid)))
 
@@ -356,90 +408,100 @@ def _segment_layouts(segment_ids):
             jnp.broadcast_to(segment_ids[:, None, :], (rows, SUBLANES, seq)))
 
 
-def _forward(qkv, segment_ids, keys, tiling: Tiling, rate: float, interpret: bool):
-    _, rows, heads, seq, width = qkv.shape
+def _forward(qkv, segment_ids, keys, heads: int, tiling: Tiling, rate: float, interpret: bool):
+    _, rows, seq, lanes = qkv.shape
     bq, bk, group = tiling.block_q, tiling.block_k, tiling.heads
+    block_lanes = lanes // heads * group
     q_ids, k_ids = _segment_layouts(segment_ids)
-    kv_block = lambda b, h, i, j, keys: (b, h, tiling.partner(i, j, bq, bk)[0], 0)
+    kv_block = lambda b, h, i, j, keys: (b, tiling.partner(i, j, bq, bk)[0], h)
     kernel = functools.partial(_forward_kernel, tiling=tiling, threshold=drop_threshold(rate), scale=keep_scale(rate))
     call = _call(
         kernel, "bert_jax_flash_fwd", grid=(rows, heads // group, seq // bq, tiling.band(bq, bk)),
-        in_specs=[_stacked((None, group, bq, width), 0, lambda b, h, i, j, keys: (b, h, i, 0)),
-                  _stacked((None, group, bk, width), 1, kv_block),
-                  _stacked((None, group, bk, width), 2, kv_block),
+        in_specs=[_stacked((None, bq, block_lanes), 0, lambda b, h, i, j, keys: (b, i, h)),
+                  _stacked((None, bk, block_lanes), 1, kv_block),
+                  _stacked((None, bk, block_lanes), 2, kv_block),
                   pl.BlockSpec((None, bq, LANES), lambda b, h, i, j, keys: (b, i, 0)),
-                  pl.BlockSpec((None, SUBLANES, bk), lambda b, h, i, j, keys: (b, 0, kv_block(b, h, i, j, keys)[2]))],
-        out_specs=[pl.BlockSpec((None, group, bq, width), lambda b, h, i, j, keys: (b, h, i, 0)),
+                  pl.BlockSpec((None, SUBLANES, bk), lambda b, h, i, j, keys: (b, 0, kv_block(b, h, i, j, keys)[1]))],
+        out_specs=[pl.BlockSpec((None, bq, block_lanes), lambda b, h, i, j, keys: (b, i, h)),
                    pl.BlockSpec((None, group, 1, bq), lambda b, h, i, j, keys: (b, h, 0, i))],
         out_shape=[jax.ShapeDtypeStruct(qkv.shape[1:], qkv.dtype),
                    jax.ShapeDtypeStruct((rows, heads, 1, seq), jnp.float32)],
         scratch=[] if tiling.band(bq, bk) == 1 else [pltpu.VMEM((group, bq, LANES), jnp.float32),
                                                      pltpu.VMEM((group, bq, LANES), jnp.float32),
-                                                     pltpu.VMEM((group, bq, width), jnp.float32)],
+                                                     pltpu.VMEM((bq, block_lanes), jnp.float32)],
         interpret=interpret)
     return call(keys, qkv, qkv, qkv, q_ids, k_ids)
 
 
-def _backward(qkv, segment_ids, keys, lse, di, do, tiling: Tiling, rate: float, interpret: bool):
-    _, rows, heads, seq, width = qkv.shape
+def _backward(qkv, segment_ids, keys, lse, di, do, heads: int, tiling: Tiling, rate: float, interpret: bool):
+    _, rows, seq, lanes = qkv.shape
     bq, bk, group = tiling.block_q, tiling.block_k, tiling.heads
+    block_lanes = lanes // heads * group
     k_ids, q_ids = _segment_layouts(segment_ids)
     q_tile = lambda t, j: tiling.partner(t, j, bk, bq)[0]
-    q_block = lambda b, h, t, j, keys: (b, h, q_tile(t, j), 0)
-    kv_block = lambda b, h, t, j, keys: (b, h, t, 0)
+    q_block = lambda b, h, t, j, keys: (b, q_tile(t, j), h)
+    kv_block = lambda b, h, t, j, keys: (b, t, h)
     stat_block = lambda b, h, t, j, keys: (b, h, 0, q_tile(t, j))
     kernel = functools.partial(_backward_kernel, tiling=tiling, threshold=drop_threshold(rate),
                                scale=keep_scale(rate))
     call = _call(
         kernel, "bert_jax_flash_bwd", grid=(rows, heads // group, seq // bk, tiling.band(bk, bq)),
-        in_specs=[_stacked((None, group, bq, width), 0, q_block),
-                  _stacked((None, group, bk, width), 1, kv_block),
-                  _stacked((None, group, bk, width), 2, kv_block),
-                  pl.BlockSpec((None, group, bq, width), q_block),
+        in_specs=[_stacked((None, bq, block_lanes), 0, q_block),
+                  _stacked((None, bk, block_lanes), 1, kv_block),
+                  _stacked((None, bk, block_lanes), 2, kv_block),
+                  pl.BlockSpec((None, bq, block_lanes), q_block),
                   pl.BlockSpec((None, group, 1, bq), stat_block),
                   pl.BlockSpec((None, group, 1, bq), stat_block),
                   pl.BlockSpec((None, SUBLANES, bq), lambda b, h, t, j, keys: (b, 0, q_tile(t, j))),
                   pl.BlockSpec((None, bk, LANES), lambda b, h, t, j, keys: (b, t, 0))],
-        out_specs=[pl.BlockSpec((None, group, seq, width), lambda b, h, t, j, keys: (b, h, 0, 0)),
-                   pl.BlockSpec((None, group, bk, width), kv_block),
-                   pl.BlockSpec((None, group, bk, width), kv_block)],
+        out_specs=[pl.BlockSpec((None, seq, block_lanes), lambda b, h, t, j, keys: (b, 0, h)),
+                   pl.BlockSpec((None, bk, block_lanes), kv_block),
+                   pl.BlockSpec((None, bk, block_lanes), kv_block)],
         out_shape=[jax.ShapeDtypeStruct(qkv.shape[1:], qkv.dtype)] * 3,
-        scratch=[] if tiling.pairs() == 1 else [pltpu.VMEM((group, seq, width), jnp.float32),
-                                                pltpu.VMEM((group, bk, width), jnp.float32),
-                                                pltpu.VMEM((group, bk, width), jnp.float32)],
+        scratch=[] if tiling.pairs() == 1 else [pltpu.VMEM((seq, block_lanes), jnp.float32),
+                                                pltpu.VMEM((bk, block_lanes), jnp.float32),
+                                                pltpu.VMEM((bk, block_lanes), jnp.float32)],
         interpret=interpret)
     return call(keys, qkv, qkv, qkv, do, lse, di, q_ids, k_ids)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
-def _attention(qkv, segment_ids, keys, tiling: Tiling, rate: float, interpret: bool):
-    return _forward(qkv, segment_ids, keys, tiling, rate, interpret)[0]
+def _per_head_sums(x, heads: int):
+    """[B, S, heads x d] summed over each head's d lanes, as [B, heads, 1, S]: a matmul with a [heads x d, heads]
+    block of ones, since on TPU splitting the lanes into [heads, d] would copy them into padded rows."""
+    lanes = x.shape[-1]
+    ones = (jnp.arange(lanes)[:, None] // (lanes // heads) == jnp.arange(heads)[None]).astype(x.dtype)
+    return jnp.einsum("bsn,nh->bhs", x, ones)[:, :, None, :]
 
 
-def _attention_forward(qkv, segment_ids, keys, tiling, rate, interpret):
-    out, lse = _forward(qkv, segment_ids, keys, tiling, rate, interpret)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6))
+def _attention(qkv, segment_ids, keys, heads: int, tiling: Tiling, rate: float, interpret: bool):
+    return _forward(qkv, segment_ids, keys, heads, tiling, rate, interpret)[0]
+
+
+def _attention_forward(qkv, segment_ids, keys, heads, tiling, rate, interpret):
+    out, lse = _forward(qkv, segment_ids, keys, heads, tiling, rate, interpret)
     return out, (qkv, segment_ids, keys, out, lse)
 
 
-def _attention_backward(tiling, rate, interpret, residuals, do):
+def _attention_backward(heads, tiling, rate, interpret, residuals, do):
     qkv, segment_ids, keys, out, lse = residuals
-    di = jnp.sum(out.astype(jnp.float32) * do.astype(jnp.float32), axis=-1)[:, :, None, :]  # [B, heads, 1, S]
-    return jnp.stack(_backward(qkv, segment_ids, keys, lse, di, do, tiling, rate, interpret)), None, None
+    di = _per_head_sums(out.astype(jnp.float32) * do.astype(jnp.float32), heads)
+    return jnp.stack(_backward(qkv, segment_ids, keys, lse, di, do, heads, tiling, rate, interpret)), None, None
 
 
 _attention.defvjp(_attention_forward, _attention_backward)
 
 
-def flash_attention(qkv, segment_ids, seed, rate: float, half_window: int | None = None, row_offset=0,
+def flash_attention(qkv, segment_ids, seed, rate: float, heads: int, half_window: int | None = None, row_offset=0,
                     head_offset=0, interpret: bool = False, tiling: Tiling | None = None):
-    """softmax(q k^T) v over q, k, v = qkv [3, B, heads, S, d] (q already scaled), a query seeing the keys of its own
-    segment id ([B, S] int32) within half_window positions, its probabilities dropped at `rate` by the mask of
-    `keep_bits` for `seed` (seed_from). row_offset and head_offset: the global index of this shard's first row and
-    head. `tiling`: another than pick_tiling's (its half_window must be half_window)."""
-    _, rows, heads, seq, width = qkv.shape
+    """softmax(q k^T) v over q, k, v = qkv [3, B, S, heads x d] (q already scaled), a query seeing the keys of its
+    own segment id ([B, S] int32) within half_window positions, its probabilities dropped at `rate` by the mask of
+    `keep_bits` for `seed` (seed_from); -> [B, S, heads x d]. row_offset and head_offset: the global index of this
+    shard's first row and head. `tiling`: another than pick_tiling's (its half_window must be half_window)."""
+    _, rows, seq, lanes = qkv.shape
     row_index = jnp.arange(rows, dtype=jnp.uint32) + jnp.asarray(row_offset, jnp.uint32)
     head_index = jnp.arange(heads, dtype=jnp.uint32) + jnp.asarray(head_offset, jnp.uint32)
     keys = head_keys(jnp.asarray(seed, jnp.uint32), row_index[:, None], head_index[None, :])
     keys = lax.bitcast_convert_type(keys, jnp.int32).reshape(-1)  # scalar prefetch takes int32, flat fits SMEM
-    tiling = pick_tiling(seq, heads, width, half_window) if tiling is None else tiling
-    return _attention(qkv, segment_ids.astype(jnp.int32), keys, tiling, rate, interpret)
+    tiling = pick_tiling(seq, heads, lanes // heads, half_window) if tiling is None else tiling
+    return _attention(qkv, segment_ids.astype(jnp.int32), keys, heads, tiling, rate, interpret)

@@ -72,7 +72,8 @@ def param_dtype(config: Config) -> jnp.dtype:
 
 HIDDEN = ("activation_batch", "activation_length", "activation_embed")  # [B, S, H] between layers (also E-wide)
 PER_HEAD = ("activation_batch", "activation_heads_length", "activation_heads", "activation_kv")  # [B, S, heads, d]
-STACKED_PER_HEAD = (None, *PER_HEAD)  # Q, K and V stacked: [3, B, S, heads, d]
+LANES = PER_HEAD[:3]  # [B, S, heads x d]: a token's heads side by side, as the projections lay them out
+STACKED_LANES = (None, *LANES)  # Q, K and V stacked: [3, B, S, heads x d]
 FFN_HIDDEN = ("activation_batch", "activation_heads_length", "activation_mlp")  # [B, S, FFN width]
 POOLED = ("activation_batch", "activation_embed")  # [B, H]: [CLS] vectors, the sentence heads' inputs
 
@@ -330,21 +331,43 @@ def window_mask(mask: Array, half_window: int) -> Array:
 
 def dot_product_attention(qkv, mask, config: Config, dropout_rng=None, half_window: int | None = None,
                           scaled_query: bool = False):
-    """softmax(QK^T/sqrt(d)) V for Q, K, V [B, S, heads, d] = qkv, stacked into one [3, ...] array as one projection
-    writes them (bert_jax's TPU kernel reads it so) or three arrays, with attention dropout when given a dropout
-    rng; `mask` is what layer_mask made, `half_window` limits each query to keys that near (ModernBERT's local
-    layers). `scaled_query`: the query is already multiplied by 1/sqrt(d) (query_key_value's scale_query), which
-    only splash takes.
+    """softmax(QK^T/sqrt(d)) V for Q, K and V stacked [3, B, S, heads x d] as one projection writes them
+    (query_key_value; bert_jax's TPU kernel reads it so) or as three [B, S, heads, d] arrays, with attention dropout
+    when given a dropout rng. `mask` is what layer_mask made, `half_window` limits each query to keys that near
+    (ModernBERT's local layers). `scaled_query`: the query is already multiplied by 1/sqrt(d) (query_key_value's
+    scale_query), which only splash takes.
+
+    The context comes back as its kernel writes it: [B, S, heads x d] from bert_jax's TPU kernel on stacked Q, K
+    and V, else [B, S, heads, d] (output_projection takes either). Reshaped for the output projection, it would be
+    an array of its own that the backward pass keeps beside the kernel's (XLA:GPU's scanned step stacked both).
 
     Every path takes the logits and the softmax in float32 and multiplies bf16 probabilities into V under bfloat16.
     """
+    stacked = not isinstance(qkv, (tuple, list))
+    head_width = config.hidden_size // config.num_attention_heads
     kernel = attention_kernel(config, deterministic=dropout_rng is None, seq_length=qkv[0].shape[1])
     if kernel == "splash":
         rate = config.attention_probs_dropout_prob if dropout_rng is not None else 0.0
-        return splash_attention(qkv, mask, half_window, dropout_rng, rate, scaled_query)
-    query, key, value = qkv
+        return splash_attention(qkv, mask, head_width, half_window, dropout_rng, rate, scaled_query)
     if scaled_query:
         raise ValueError(f"a query scaled in advance is for splash only, not the {kernel!r} attention")
+    query, key, value = (per_head(x, head_width) for x in qkv) if stacked else qkv
+    return attention_per_head(query, key, value, mask, config, kernel, dropout_rng, half_window)
+
+
+def per_head(x: Array, head_width: int) -> Array:
+    """[..., heads x d] -> [..., heads, d]."""
+    return x.reshape(*x.shape[:-1], x.shape[-1] // head_width, head_width)
+
+
+def in_lanes(x: Array) -> Array:
+    """[..., heads, d] -> [..., heads x d]."""
+    return x.reshape(*x.shape[:-2], -1)
+
+
+def attention_per_head(query, key, value, mask, config: Config, kernel: str, dropout_rng=None,
+                       half_window: int | None = None):
+    """dot_product_attention's paths other than splash, over [B, S, heads, d]."""
     if kernel == "cudnn" and mask.ndim == 1:  # key lengths (layer_mask)
         return gpu_attention.attend(query, key, value, mask, half_window)
     if half_window is not None:
@@ -436,17 +459,17 @@ def logit_scale(head_dim: int) -> float:
     return 1.0 / float(np.sqrt(head_dim))
 
 
-def with_query_scaled(qkv: Array) -> Array:
+def with_query_scaled(qkv: Array, head_width: int) -> Array:
     """Stacked [3, ...] Q, K and V with Q multiplied by 1/sqrt(d) (logit_scale), for the TPU kernels, which do not
     scale the logits: one multiply by (1/sqrt(d), 1, 1), which fuses into its producer."""
-    scale = jnp.array([logit_scale(qkv.shape[-1]), 1.0, 1.0], qkv.dtype)
+    scale = jnp.array([logit_scale(head_width), 1.0, 1.0], qkv.dtype)
     return qkv * scale.reshape(3, *[1] * (qkv.ndim - 1))
 
 
 def tpu_kernel(half_window: int | None, dropout: bool, stacked: bool = True) -> str:
     """Which Pallas kernel attention_impl="splash" runs: bert_jax's flash kernel (flash_attention) with attention
-    dropout, which splash lacks, and over global attention on a stacked QKV array, which the compiler schedules 3.0x
-    faster than splash at 128 tokens (BERT-base, 256 rows a chip: 0.39 against 1.18 ms a layer), 1.36x at 512
+    dropout, which splash lacks, and over global attention on a stacked QKV array, which the compiler schedules 3.3x
+    faster than splash at 128 tokens (BERT-base, 256 rows a chip: 0.42 against 1.39 ms a layer), 1.40x at 512
     (BERT-large, 72 rows) and as fast at 8192. Pallas' splash over a local window, where its block-sparse kernels
     are 1.36x faster than ours (ModernBERT-base at 8192 tokens: 28.2 against 38.4 ms a layer), and over three
     arrays (ModernBERT's, whose RoPE rotates Q and K apart from V): stacking them for bert_jax's kernel took its
@@ -455,42 +478,45 @@ def tpu_kernel(half_window: int | None, dropout: bool, stacked: bool = True) -> 
     return "flash" if dropout or (half_window is None and stacked) else "splash"
 
 
-def splash_attention(qkv, segment_ids, half_window: int | None, dropout_rng=None, rate: float = 0.0,
+def splash_attention(qkv, segment_ids, head_width: int, half_window: int | None, dropout_rng=None, rate: float = 0.0,
                      scaled_query: bool = False):
-    """Flash attention for TPU over Q, K, V [B, S, heads, d] = qkv (stacked, or three arrays: dot_product_attention)
-    with [B, S] segment ids (segment_ids_for), in the kernel tpu_kernel picks: bert_jax's flash kernel, which drops
-    the probabilities itself with a dropout rng and rate > 0, or Pallas' splash. The kernels do not scale the
-    logits: the query is multiplied by 1/sqrt(d) here, or already was (`scaled_query`).
+    """Flash attention for TPU over Q, K and V of `head_width` in either of dot_product_attention's layouts, with
+    [B, S] segment ids (segment_ids_for), in the kernel tpu_kernel picks: bert_jax's flash kernel, which drops the
+    probabilities itself with a dropout rng and rate > 0, or Pallas' splash. The kernels do not scale the logits:
+    the query is multiplied by 1/sqrt(d) here, or already was (`scaled_query`).
+
+    bert_jax's kernel reads Q, K and V as the stacked projection writes them, [3, B, S, heads x d], and writes the
+    context so, [B, S, heads x d], for the output projection: nothing is transposed or copied on the way, and in
+    memory a 64-wide head fills half a 128-lane row instead of a padded row of its own. Splash takes Q, K and V
+    heads first, as three arrays (a copy of each), and gives [B, S, heads, d] back, as does bert_jax's kernel for
+    three arrays (ModernBERT's, whose output projection takes that).
 
     A Pallas kernel is opaque to XLA's partitioner, so under a mesh it runs inside shard_map on each device's batch
-    rows and heads (the layout PER_HEAD pins); outside one, on the whole arrays. bert_jax's kernel is told which
-    global rows and heads a device holds, so that its mask does not depend on the mesh.
-
-    The transposes to the kernels' [B, heads, S, d] and back copy nothing: XLA:TPU lays the projections out heads
-    first in memory to begin with (an einsum that writes [B, heads, S, d] compiled to the same cycles, BERT-base s128
-    on v5p-8). Splash takes Q, K and V as three arrays, and slicing them out of the stacked projection copies all
-    three (0.4 ms a layer there); bert_jax's kernel reads the stacked array itself.
+    rows and heads (the layout LANES or PER_HEAD pins); outside one, on the whole arrays. bert_jax's kernel is told
+    which global rows and heads a device holds, so that its mask does not depend on the mesh.
     """
     from jax.experimental.pallas.ops.tpu import splash_attention as splash
 
     interpret = sharding.target_platform() != "tpu"
-    spec = sharding.active_spec(PER_HEAD)
-    dropout = dropout_rng is not None and rate > 0.0
     stacked = not isinstance(qkv, (tuple, list))
+    spec = sharding.active_spec(LANES if stacked else PER_HEAD)
+    dropout = dropout_rng is not None and rate > 0.0
+    flash = tpu_kernel(half_window, dropout, stacked) == "flash"
 
-    def attend(qkv, ids, seed):  # -> [B, S, heads, d], through the kernels' [.., heads, S, d]
-        if tpu_kernel(half_window, dropout, stacked) == "flash":
-            qkv = qkv if stacked else jnp.stack(qkv)
-            qkv = jnp.swapaxes(qkv if scaled_query else with_query_scaled(qkv), 2, 3)
-            rows, heads = (shard_offset(spec, axis, x) for axis, x in ((0, qkv.shape[1]), (2, qkv.shape[2])))
-            context = flash_attention.flash_attention(qkv, ids, seed, rate, half_window, rows, heads, interpret)
-        else:
-            q, k, v = qkv
-            q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q if scaled_query else q * logit_scale(q.shape[-1]), k, v))
-            kernel = splash_kernel(q.shape[2], q.shape[1], half_window, interpret)
-            per_example = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids))
-            context = jax.vmap(per_example)(q, k, v, ids)
-        return jnp.swapaxes(context, 1, 2)
+    def attend(qkv, ids, seed):
+        if flash:
+            qkv = qkv if stacked else jnp.stack([in_lanes(x) for x in qkv])
+            qkv = qkv if scaled_query else with_query_scaled(qkv, head_width)
+            heads = qkv.shape[-1] // head_width
+            rows, first_head = (shard_offset(spec, axis, x) for axis, x in ((0, qkv.shape[1]), (2, heads)))
+            context = flash_attention.flash_attention(qkv, ids, seed, rate, heads, half_window, rows, first_head,
+                                                      interpret)
+            return context if stacked else per_head(context, head_width)
+        q, k, v = (per_head(x, head_width) for x in qkv) if stacked else qkv
+        q, k, v = (jnp.swapaxes(x, 1, 2) for x in (q if scaled_query else q * logit_scale(head_width), k, v))
+        kernel = splash_kernel(q.shape[2], q.shape[1], half_window, interpret)
+        per_example = lambda q, k, v, ids: kernel(q, k, v, segment_ids=splash.SegmentIds(ids, ids))
+        return jnp.swapaxes(jax.vmap(per_example)(q, k, v, ids), 1, 2)
 
     seed = flash_attention.seed_from(dropout_rng) if dropout else jnp.zeros((), jnp.uint32)
     if spec is None:
@@ -499,7 +525,8 @@ def splash_attention(qkv, segment_ids, half_window: int | None, dropout_rng=None
     qkv_spec = jax.sharding.PartitionSpec(None, *spec) if stacked else (spec,) * 3
     return jax.shard_map(attend, mesh=jax.sharding.get_abstract_mesh(),
                          in_specs=(qkv_spec, ids_spec, jax.sharding.PartitionSpec()),
-                         out_specs=spec, check_vma=False)(qkv if stacked else tuple(qkv), segment_ids, seed)
+                         out_specs=sharding.active_spec(LANES if flash and stacked else PER_HEAD),
+                         check_vma=False)(qkv if stacked else tuple(qkv), segment_ids, seed)
 
 
 def shard_offset(spec, axis: int, local_size: int):
@@ -514,25 +541,31 @@ def shard_offset(spec, axis: int, local_size: int):
 
 
 class ProjectionWeights(nn.Module):
-    """Kernel [H, heads, d] and bias [heads, d] of one of attention's input projections, initialised and named as
-    `dense` would make them (query/kernel, ...), for `query_key_value` to use together."""
+    """Kernel and bias of one of attention's projections between H and [heads, d], by the logical names of their
+    axes ("embed", "heads", "kv"), initialised and named as `dense` would make them (query/kernel, ...): the layer
+    applies them to Q, K, V and the context with heads x d in one axis (query_key_value, output_projection)."""
 
     config: Config
+    kernel_axes: tuple[str, ...] = ("embed", "heads", "kv")  # an input projection's; the output's is the reverse
+    bias_axes: tuple[str, ...] = ("heads", "kv")
 
     @nn.compact
     def __call__(self):
         cfg = self.config
-        shape = (cfg.num_attention_heads, cfg.hidden_size // cfg.num_attention_heads)
-        kernel = self.param("kernel", normal_init(cfg, ("embed", "heads", "kv")), (cfg.hidden_size, *shape),
+        size = {"embed": cfg.hidden_size, "heads": cfg.num_attention_heads,
+                "kv": cfg.hidden_size // cfg.num_attention_heads}
+        kernel = self.param("kernel", normal_init(cfg, self.kernel_axes), tuple(size[a] for a in self.kernel_axes),
                             param_dtype(cfg))
-        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, ("heads", "kv")), shape,
-                          param_dtype(cfg))
+        bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
+                          tuple(size[a] for a in self.bias_axes), param_dtype(cfg))
         return kernel, bias
 
 
 def query_key_value(config: Config, x: Array, weights: list, scale_query: bool = False) -> Array:
-    """Q, K and V stacked [3, B, S, heads, d], in one matmul over the stacked kernels: its input gradient is one sum,
-    reduced once over the tensor axis (three separate projections have three partial gradients to reduce).
+    """Q, K and V stacked [3, B, S, heads x d], in one matmul over the stacked kernels: its input gradient is one sum,
+    reduced once over the tensor axis (three separate projections have three partial gradients to reduce). A
+    token's heads lie side by side, as bert_jax's TPU kernel reads them: [.., heads, d] would pad each 64-wide head
+    to a 128-lane row on TPU, in the stack a scanned step keeps and in every copy of it.
 
     `scale_query` multiplies Q by 1/sqrt(d), for splash (dot_product_attention's scaled_query), whose kernels do not
     scale the logits. Done on the stacked product (by 1/sqrt(d), 1, 1), the multiply fuses into the matmul and its
@@ -543,10 +576,25 @@ def query_key_value(config: Config, x: Array, weights: list, scale_query: bool =
     same memory. The rounding is the same as before.
     """
     dtype = compute_dtype(config)
-    kernel = jnp.stack([kernel for kernel, _ in weights]).astype(dtype)
-    bias = jnp.stack([bias for _, bias in weights]).astype(dtype)
-    qkv = jnp.einsum("bsh,thnd->tbsnd", x.astype(dtype), kernel) + bias[:, None, None]
-    return constrain(with_query_scaled(qkv) if scale_query else qkv, STACKED_PER_HEAD)
+    kernel = jnp.stack([in_lanes(kernel) for kernel, _ in weights]).astype(dtype)  # [3, H, heads x d]
+    bias = jnp.stack([bias.reshape(-1) for _, bias in weights]).astype(dtype)
+    qkv = jnp.einsum("bsh,thn->tbsn", x.astype(dtype), kernel) + bias[:, None, None]
+    head_width = config.hidden_size // config.num_attention_heads
+    return constrain(with_query_scaled(qkv, head_width) if scale_query else qkv, STACKED_LANES)
+
+
+def output_projection(config: Config, context: Array, weights) -> Array:
+    """The attention output projection of the context as dot_product_attention returns it, [B, S, heads x d] (the
+    kernel's [heads, d] then taken as one axis) or [B, S, heads, d], as `dense` computes it (rows_dot_general on
+    CPU)."""
+    kernel, bias = weights
+    kernel = kernel.reshape(-1, kernel.shape[-1]) if context.ndim == 3 else kernel  # [heads x d, H]
+    contracted = kernel.ndim - 1
+    dtype = compute_dtype(config)
+    dot_general = rows_dot_general if sharding.target_platform() == "cpu" else jax.lax.dot_general
+    out = dot_general(context.astype(dtype), kernel.astype(dtype),
+                      ((tuple(range(context.ndim - contracted, context.ndim)), tuple(range(contracted))), ((), ())))
+    return out + bias.astype(dtype)
 
 
 class TransformerLayer(nn.Module):
@@ -565,8 +613,10 @@ class TransformerLayer(nn.Module):
         dropout_rng = None
         if cfg.attention_probs_dropout_prob > 0.0 and not self.deterministic:
             dropout_rng = self.make_rng("dropout")
-        context = constrain(dot_product_attention(qkv, mask, cfg, dropout_rng, scaled_query=scaled), PER_HEAD)
-        attended = dense(cfg, cfg.hidden_size, ("heads", "kv", "embed"), "attention_output", axis=(-2, -1))(context)
+        context = dot_product_attention(qkv, mask, cfg, dropout_rng, scaled_query=scaled)
+        context = constrain(context, LANES if context.ndim == 3 else PER_HEAD)
+        attended = output_projection(cfg, context, ProjectionWeights(cfg, ("heads", "kv", "embed"), ("embed",),
+                                                                     name="attention_output")())
         dropout = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)
         x = checkpoint_name(x + dropout(constrain(attended, HIDDEN)), "attention_sum")
         x = layer_norm(cfg, "embed", "attention_norm")(x)
