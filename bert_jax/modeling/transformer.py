@@ -65,6 +65,11 @@ def compute_dtype(config: Config) -> jnp.dtype:
     return jnp.dtype(config.dtype)
 
 
+def attention_head_width(config: Config) -> int:
+    """d, the width of one attention head."""
+    return config.hidden_size // config.num_attention_heads
+
+
 def param_dtype(config: Config) -> jnp.dtype:
     """The stored parameters' dtype (float32 master weights by default); layers cast them to compute_dtype."""
     return jnp.dtype(config.param_dtype)
@@ -344,14 +349,14 @@ def dot_product_attention(qkv, mask, config: Config, dropout_rng=None, half_wind
     Every path takes the logits and the softmax in float32 and multiplies bf16 probabilities into V under bfloat16.
     """
     stacked = not isinstance(qkv, (tuple, list))
-    head_width = config.hidden_size // config.num_attention_heads
+    width = attention_head_width(config)
     kernel = attention_kernel(config, deterministic=dropout_rng is None, seq_length=qkv[0].shape[1])
     if kernel == "splash":
         rate = config.attention_probs_dropout_prob if dropout_rng is not None else 0.0
-        return splash_attention(qkv, mask, head_width, half_window, dropout_rng, rate, scaled_query)
+        return splash_attention(qkv, mask, width, half_window, dropout_rng, rate, scaled_query)
     if scaled_query:
         raise ValueError(f"a query scaled in advance is for splash only, not the {kernel!r} attention")
-    query, key, value = (per_head(x, head_width) for x in qkv) if stacked else qkv
+    query, key, value = (per_head(x, width) for x in qkv) if stacked else qkv
     return attention_per_head(query, key, value, mask, config, kernel, dropout_rng, half_window)
 
 
@@ -552,8 +557,7 @@ class ProjectionWeights(nn.Module):
     @nn.compact
     def __call__(self):
         cfg = self.config
-        size = {"embed": cfg.hidden_size, "heads": cfg.num_attention_heads,
-                "kv": cfg.hidden_size // cfg.num_attention_heads}
+        size = {"embed": cfg.hidden_size, "heads": cfg.num_attention_heads, "kv": attention_head_width(cfg)}
         kernel = self.param("kernel", normal_init(cfg, self.kernel_axes), tuple(size[a] for a in self.kernel_axes),
                             param_dtype(cfg))
         bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
@@ -579,8 +583,7 @@ def query_key_value(config: Config, x: Array, weights: list, scale_query: bool =
     kernel = jnp.stack([in_lanes(kernel) for kernel, _ in weights]).astype(dtype)  # [3, H, heads x d]
     bias = jnp.stack([bias.reshape(-1) for _, bias in weights]).astype(dtype)
     qkv = jnp.einsum("bsh,thn->tbsn", x.astype(dtype), kernel) + bias[:, None, None]
-    head_width = config.hidden_size // config.num_attention_heads
-    return constrain(with_query_scaled(qkv, head_width) if scale_query else qkv, STACKED_LANES)
+    return constrain(with_query_scaled(qkv, attention_head_width(config)) if scale_query else qkv, STACKED_LANES)
 
 
 def output_projection(config: Config, context: Array, weights) -> Array:
