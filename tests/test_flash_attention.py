@@ -81,6 +81,19 @@ def test_kernel_matches_the_hashed_reference_forward_and_backward(name):
         np.testing.assert_allclose(ours_grad, ref_grad, atol=2e-4, rtol=1e-4)
 
 
+def test_a_grid_step_takes_heads_that_fill_whole_128_lane_columns():
+    """Heads lie side by side in the lanes, so a step's block of heads x d is whole 128-lane columns, or all the
+    lanes: BERT-large's 64-wide heads at 512 tokens go two a step, though one 512 x 512 tile would be the size
+    limit; BERT-base's twelve at 128 tokens all at once; a tiny model's two 16-wide heads together."""
+    assert fa.pick_tiling(512, 16, 64, None).heads == 2
+    assert fa.pick_tiling(128, 12, 64, None).heads == 12
+    assert fa.pick_tiling(256, 2, 16, None).heads == 2
+    assert fa.pick_tiling(1024, 4, 128, 64).heads == 4  # 128-wide heads fill their own columns
+    windows = [fa.HeadWindow.of(g, 4, 256) for g in range(4)]  # four 64-wide heads in 256 lanes
+    assert [(w.start, w.size, w.offset) for w in windows] == [(0, 128, 0), (0, 128, 64), (128, 128, 0),
+                                                              (128, 128, 64)]
+
+
 def kernel_mask(seed, seq: int = 256, rows: int = 2, heads: int = 2, row_offset: int = 0):
     """The mask the kernel applies, read off its output: with all logits equal and V the identity, output row q is
     its kept keys x keep_scale / S."""
