@@ -98,9 +98,14 @@ def dense(config: Config, features, axes: tuple[str, ...], name: str, axis=-1) -
         param_dtype=param_dtype(config),
         kernel_init=normal_init(config, axes),
         bias_init=nn.with_logical_partitioning(nn.initializers.zeros, axes[-num_outputs:]),
-        dot_general=rows_dot_general if sharding.target_platform() == "cpu" else None,
+        dot_general=linear_dot_general(),
         name=name,
     )
+
+
+def linear_dot_general():
+    """The dot_general of a Linear layer on the platform being traced: rows_dot_general on CPU."""
+    return rows_dot_general if sharding.target_platform() == "cpu" else jax.lax.dot_general
 
 
 def rows_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None):
@@ -594,9 +599,8 @@ def output_projection(config: Config, context: Array, weights) -> Array:
     kernel = kernel.reshape(-1, kernel.shape[-1]) if context.ndim == 3 else kernel  # [heads x d, H]
     contracted = kernel.ndim - 1
     dtype = compute_dtype(config)
-    dot_general = rows_dot_general if sharding.target_platform() == "cpu" else jax.lax.dot_general
-    out = dot_general(context.astype(dtype), kernel.astype(dtype),
-                      ((tuple(range(context.ndim - contracted, context.ndim)), tuple(range(contracted))), ((), ())))
+    contracting = (tuple(range(context.ndim - contracted, context.ndim)), tuple(range(contracted)))
+    out = linear_dot_general()(context.astype(dtype), kernel.astype(dtype), (contracting, ((), ())))
     return out + bias.astype(dtype)
 
 
