@@ -130,6 +130,10 @@ def test_the_layout_recommended_is_the_faster_one_that_fits():
                                     layout_row(False, 144, 0.461, cycles_s=0.612)])
     assert electra.startswith("bert-base-128@v5p-8: train scanned at 160")
     assert electra.endswith("; unsettled: by the cycle sums unscanned is faster (612 against 979 ms)")
+    floored = bench.recommendation([{**layout_row(True, 208, 0.499, cycles_s=1.129), "est_floored": True},
+                                    layout_row(False, 192, 0.604, cycles_s=0.730)])
+    assert floored.startswith("bert-base-128@v5p-8: train scanned at 208 a chip, 80.0 GB, est. 499 ms (the model's "
+                              "FLOPs at peak), MFU 0.50 (against unscanned at 192 a chip, 80.0 GB, est. 604 ms, MFU")
 
 
 def test_the_table_names_the_kernels_each_presets_layers_run():
@@ -214,6 +218,16 @@ def test_a_negative_compiler_time_gives_no_estimate_rather_than_a_wrong_one():
     assert figures["est_step_s"] == pytest.approx(0.02) and figures["splash_share"] == pytest.approx(0.5)
     assert figures["est_mfu"] == pytest.approx(1e12 / (0.02 * topology.chip.peak_flops))
     assert figures["est_step_cycles_s"] == pytest.approx(0.04)  # the cycle sum, the kernels' FLOPs at peak added
+    assert not figures["est_floored"]
+
+
+def test_an_estimate_faster_than_the_chips_peak_is_floored_at_the_models_flops():
+    """A loop's scaled optimal_seconds can come out below the model's FLOPs at peak: no step runs that fast."""
+    config, topology = small_bert(), compile_check.parse_topology("v5p-8")
+    model_flops = topology.chip.peak_flops * 0.05
+    figures = compile_check.step_estimates(config, topology, 0.04, topology.chip.peak_flops * 0.005, model_flops, 0.09)
+    assert figures["est_floored"] and figures["est_step_s"] == pytest.approx(0.05)
+    assert figures["est_mfu"] == pytest.approx(1.0) and figures["est_step_cycles_s"] == pytest.approx(0.095)
 
 
 def data_parallel_bert(scan_layers: bool = False):
