@@ -164,8 +164,8 @@ def recommendation(rows: list[dict]) -> str:
     """One line: of a row's layouts, the one that fits and trains the most tokens a second (the compiler's
     estimate), each at its own batch; the larger batch where the cost model gives no time. Where the cycle sums, the
     range's slow end, rank the layouts the other way, the line says so: a loop's `optimal_seconds` is scaled, not
-    counted (ELECTRA-large scanned at 160 a chip: est. MFU 0.94 by it, 0.39 by its cycles; docs/tpu.md), so only a
-    TPU settles that choice."""
+    counted (ELECTRA-large scanned at 208 a chip: est. MFU 1.00 by it, floored at the model's FLOPs at peak, 0.44 by
+    its cycles; docs/tpu.md), so only a TPU settles that choice."""
     fitting = [row for row in rows if row["fits"]]
     if not fitting:
         return f"{rows[0]['base_name']}: no layout fits"
