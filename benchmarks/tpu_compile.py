@@ -151,9 +151,9 @@ def markdown(rows: list[dict]) -> str:
             batch += f" (given; memory predicts {compile_check.predicted_largest_batch(row)})"
         timing = "no estimate (the cost model's time is negative) | | |"
         if row["est_step_s"]:
-            floor = "the model's FLOPs at peak; " if row.get("est_floored") else ""
-            timing = (f"{row['est_step_s'] * 1e3:.0f} ms ({floor}{row['est_step_cycles_s'] * 1e3:.0f} at the cycle sum)"
-                      " | "
+            floor = f"{compile_check.FLOPS_FLOOR}; " if row.get("est_floored") else ""
+            cycles = f"{row['est_step_cycles_s'] * 1e3:.0f} at the cycle sum"
+            timing = (f"{row['est_step_s'] * 1e3:.0f} ms ({floor}{cycles}) | "
                       f"{row['est_mfu']:.2f} | {row['paper_days']:.2g} |")
         lines.append(head + f"{batch} | {row['per_chip_gb']:.1f} of {row['hbm_gb']:.1f} GB | {attention_label(row)} | "
                      + timing)
@@ -172,7 +172,7 @@ def recommendation(rows: list[dict]) -> str:
     rate = lambda seconds: lambda row: row["batch_per_chip"] / row[seconds] if row.get(seconds) else 0
     best = max(fitting, key=lambda row: (rate("est_step_s")(row), row["batch_per_chip"]))
     layout = lambda row: "scanned" if row["scan_layers"] else "unscanned"
-    floored = lambda row: " (the model's FLOPs at peak)" if row.get("est_floored") else ""
+    floored = lambda row: f" ({compile_check.FLOPS_FLOOR})" if row.get("est_floored") else ""
     figures = lambda row: (f"{layout(row)} at {row['batch_per_chip']:g} a chip, {row['per_chip_gb']:.1f} GB"
                            + (f", est. {row['est_step_s'] * 1e3:.0f} ms{floored(row)}, MFU {row['est_mfu']:.2f}"
                               if row["est_step_s"] else ""))

@@ -294,6 +294,9 @@ def predicted_largest_batch(row: dict) -> int:
     return predicted // 8 * 8 if predicted >= 16 else predicted
 
 
+FLOPS_FLOOR = "the model's FLOPs at peak"  # what an estimate is where it was floored (step_estimates' est_floored)
+
+
 def step_estimates(config, topology: Topology, compiler_seconds: float, kernel_flops: float,
                    model_flops: float, cycle_seconds: float) -> dict:
     """The estimated step time (the compiler's plus the splash kernels' FLOPs at peak) and what follows from it:
@@ -470,7 +473,7 @@ def print_report(row: dict) -> None:
           f"{row['temp_gb']:.2f} GB, total {row['per_chip_gb']:.2f} GB of {row['hbm_gb']:.1f} GB HBM")
     timing = "no step time (the compiler's cost model gave none for this chip)"
     if row["est_step_s"]:
-        source = ("the model's FLOPs at peak, above the cost model's optimal_seconds" if row.get("est_floored")
+        source = (f"{FLOPS_FLOOR}, above the cost model's optimal_seconds" if row.get("est_floored")
                   else "the cost model's optimal_seconds")
         timing = (f"step {row['est_step_s'] * 1e3:.1f} ms ({source}; "
                   f"{row['est_step_cycles_s'] * 1e3:.1f} ms at its per-instruction cycle sum), "
