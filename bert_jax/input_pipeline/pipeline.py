@@ -161,10 +161,15 @@ class PretrainingPipeline:
 
     def dataset(self, first_position: int = 0, batch_size: int | None = None, first_step: int = 0) -> tf.data.Dataset:
         """Endless batches of `batch_size` (default local_batch_size) examples starting at a stream position (step *
-        local batch size, or epoch * num_examples); the first is the batch of step `first_step`."""
+        local batch size, or epoch * num_examples); the first is the batch of step `first_step`.
+
+        The batch function is traced as written, without autograph: it branches on Python values only, and
+        autograph's conversion took 2 s of every run's start and wrote generated files into /tmp, which a killed run
+        left behind."""
         size = batch_size or self.local_batch_size
         steps = tf.data.Dataset.range(first_step, np.iinfo(np.int64).max)
-        at = lambda step: self.batch_at(first_position + (step - first_step) * size, size, step)
+        at = tf.autograph.experimental.do_not_convert(
+            lambda step: self.batch_at(first_position + (step - first_step) * size, size, step))
         return (steps.map(at, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
                 .prefetch(self.config.data.prefetch_batches))
 
