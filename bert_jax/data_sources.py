@@ -19,6 +19,7 @@ import difflib
 import json
 import logging
 import re
+import tempfile
 from typing import Iterable, Iterator
 
 from bert_jax import storage
@@ -73,14 +74,19 @@ def tfds_is_built(name: str, data_dir: str | None) -> bool:
 
 @contextlib.contextmanager
 def quiet_tfds():
-    """Without the warnings TFDS logs when it looks for a dataset not built yet: bert_jax's error says it."""
+    """Look a dataset up in TFDS without its leftovers: the warnings it logs for a dataset not built yet
+    (bert_jax's error says it), and the empty temporary folder its builder makes then and never removes
+    (DatasetInfo.initialize_from_bucket in tensorflow-datasets 4.9): made inside one of ours, removed after."""
     absl_logger = logging.getLogger("absl")
-    level = absl_logger.level
+    level, temp_root = absl_logger.level, tempfile.tempdir
     absl_logger.setLevel(logging.ERROR)
-    try:
-        yield
-    finally:
-        absl_logger.setLevel(level)
+    with tempfile.TemporaryDirectory(prefix="bert_jax-tfds-lookup-") as scratch:
+        tempfile.tempdir = scratch
+        try:
+            yield
+        finally:
+            absl_logger.setLevel(level)
+            tempfile.tempdir = temp_root
 
 
 def hub_download_command(repo: str, local_dir: storage.PathLike, include: str = "") -> str:

@@ -3,8 +3,10 @@ bundled TSV and JSON samples, from parquet files in the hub's layout (written he
 datasets that TFDS's own builders make out of the same files; prepare reads a hub corpus's parquet shards as it
 reads JSON lines; missing data is one line naming the command that fetches it."""
 import json
+import pathlib
 import re
 import shutil
+import tempfile
 from unittest import mock
 
 import numpy as np
@@ -161,8 +163,11 @@ def test_missing_glue_and_squad_name_the_commands_that_fetch_them(tmp_path):
     with pytest.raises(glue.GlueDataError, match=re.escape(f"--data={absent}: no GLUE STS-B data there")):
         similarity.read_pairs(absent)
     built = str(tmp_path / "tfds")
+    tfds_temp_folders = lambda: set(pathlib.Path(tempfile.gettempdir()).glob("tmp*tfds"))
+    before = tfds_temp_folders()
     with pytest.raises(data_sources.DataSourceError) as error:
         glue.load_split(rte, "dev", "tfds:glue", built)
+    assert tfds_temp_folders() <= before  # TFDS's builder makes an empty one for a dataset not built, left there
     assert str(error.value) == (f"--config.data_dir=tfds:glue/rte: TFDS glue/rte is not built in {built}; fetch it "
                                 f"where there is network: pip install -e '.[data]' && tfds build glue/rte "
                                 f"--data_dir={built}")
