@@ -57,6 +57,28 @@ def test_resume_is_exact_and_restores_onto_other_meshes(tmp_path):
                                  synthetic_batches)
 
 
+def test_replicated_arrays_are_shared_among_replicas_only_when_large(tmp_path):
+    """Orbax shares a replicated array's write among its replicas, each slicing its part out on its own device (one
+    compile per shape, offset and device); below checkpoints.MIN_REPLICA_SLICE_BYTES a replica, one replica writes
+    it whole. What was written shows in each array's write shape, and everything restores as saved."""
+    replicated = jax.sharding.NamedSharding(jax.sharding.Mesh(np.array(jax.devices()), ("data",)),
+                                            jax.sharding.PartitionSpec())
+    replicas = len(jax.devices())
+    rows_at_threshold = replicas * checkpoints.MIN_REPLICA_SLICE_BYTES // (4 * 128)
+    shapes = {"large": (rows_at_threshold, 128), "small": (rows_at_threshold - replicas, 128), "bias": (128,)}
+    params = {name: jax.device_put(np.random.RandomState(i).standard_normal(shape).astype(np.float32), replicated)
+              for i, (name, shape) in enumerate(shapes.items())}
+    with checkpoints.checkpoint_manager(tmp_path, keep=1) as manager:
+        checkpoints.save(manager, 1, {"params": params, "step": np.int32(1)})
+        checkpoints.finish_saves(manager)
+        written = {name: meta.storage.write_shape for name, meta in manager.item_metadata(1)["params"].items()}
+        step = jax.ShapeDtypeStruct((), np.int32, sharding=replicated)
+        _, restored = checkpoints.restore_latest(manager, {"params": jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), params), "step": step})
+    assert written == {"large": (rows_at_threshold // replicas, 128), **{k: shapes[k] for k in ("small", "bias")}}
+    assert_trees_equal(params, restored["params"])
+
+
 def poisoned_at(bad_step: int):
     """Batches with float weights, NaN in the batch of step `bad_step`: that step's loss is NaN."""
     def batches(config, start_step, process_index, process_count):
