@@ -27,7 +27,7 @@ from jax.experimental import multihost_utils
 from orbax.checkpoint._src.metadata import array_metadata_store  # Orbax's default jax.Array handler has one
 
 from bert_jax import storage
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, absl_warnings_off
 from bert_jax.workdir import CHECKPOINT_DIR
 
 
@@ -83,7 +83,8 @@ def write_small_arrays_whole() -> None:
     (tests/test_train_mesh.py: 308 programs against 32, 37 s against 30); larger arrays are still shared."""
     handler = ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
                                              min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES)
-    ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
+    with absl_warnings_off():  # Orbax warns of the override
+        ocp.type_handlers.register_type_handler(jax.Array, handler, override=True)
 
 
 def protect(manager: ocp.CheckpointManager, steps: set[int]) -> None:

@@ -17,13 +17,12 @@ import contextlib
 import dataclasses
 import difflib
 import json
-import logging
 import re
 import tempfile
 from typing import Iterable, Iterator
 
 from bert_jax import storage
-from bert_jax.errors import UserError
+from bert_jax.errors import UserError, absl_warnings_off
 
 TFDS_PREFIX = "tfds:"
 VERSION = re.compile(r"\d+\.\d+\.\d+")
@@ -77,15 +76,12 @@ def quiet_tfds():
     """Look a dataset up in TFDS without its leftovers: the warnings it logs for a dataset not built yet
     (bert_jax's error says it), and the empty temporary folder its builder makes then and never removes
     (DatasetInfo.initialize_from_bucket in tensorflow-datasets 4.9): made inside one of ours, removed after."""
-    absl_logger = logging.getLogger("absl")
-    level, temp_root = absl_logger.level, tempfile.tempdir
-    absl_logger.setLevel(logging.ERROR)
-    with tempfile.TemporaryDirectory(prefix="bert_jax-tfds-lookup-") as scratch:
+    temp_root = tempfile.tempdir
+    with absl_warnings_off(), tempfile.TemporaryDirectory(prefix="bert_jax-tfds-lookup-") as scratch:
         tempfile.tempdir = scratch
         try:
             yield
         finally:
-            absl_logger.setLevel(level)
             tempfile.tempdir = temp_root
 
 
