@@ -86,7 +86,8 @@ def tfds_dir(tmp_path_factory):
     shutil.copytree(DATA / "glue" / "RTE", glue_zip / "RTE")
     downloads = {"glue/rte": str(glue_zip), "squad/v1.1": {"train": str(SQUAD_SAMPLE), "dev": str(SQUAD_SAMPLE)}}
     for name, files in downloads.items():
-        with mock.patch.object(tfds.download.DownloadManager, "download_and_extract", lambda self, url: files):
+        with (mock.patch.object(tfds.download.DownloadManager, "download_and_extract", lambda self, url: files),
+              data_sources.quiet_tfds()):  # a builder of a dataset not built yet leaves a folder in /tmp
             tfds.builder(name, data_dir=str(root / "built")).download_and_prepare()
     return str(root / "built")
 
