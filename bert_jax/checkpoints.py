@@ -11,6 +11,7 @@ renames it when complete, so an interrupted or failed save (a full disk) leaves 
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import logging as std_logging
 import os
@@ -77,10 +78,11 @@ def checkpoint_manager(workdir: str | os.PathLike, keep: int) -> ocp.CheckpointM
     return manager
 
 
+@functools.cache
 def write_small_arrays_whole() -> None:
-    """Register Orbax's jax.Array handler (process-wide, as Orbax keeps it) with MIN_REPLICA_SLICE_BYTES. Without
+    """Register Orbax's jax.Array handler (process-wide, as Orbax keeps it; once) with MIN_REPLICA_SLICE_BYTES. Without
     it, a tiny BERT's three saves on 8 devices compiled some 280 slices of biases, LayerNorms and small kernels
-    (tests/test_train_mesh.py: 308 programs against 32, 37 s against 30); larger arrays are still shared."""
+    (tests/test_train_mesh.py alone: 308 programs against 32, 37 s against 30); larger arrays are still shared."""
     handler = ocp.type_handlers.ArrayHandler(array_metadata_store=array_metadata_store.Store(),
                                              min_slice_bytes_for_replica_parallel=MIN_REPLICA_SLICE_BYTES)
     with absl_warnings_off():  # Orbax warns of the override
