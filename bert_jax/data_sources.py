@@ -18,7 +18,6 @@ import dataclasses
 import difflib
 import json
 import re
-import tempfile
 from typing import Iterable, Iterator
 
 from bert_jax import storage
@@ -75,14 +74,9 @@ def tfds_is_built(name: str, data_dir: str | None) -> bool:
 def quiet_tfds():
     """Look a dataset up in TFDS without its leftovers: the warnings it logs for a dataset not built yet
     (bert_jax's error says it), and the empty temporary folder its builder makes then and never removes
-    (DatasetInfo.initialize_from_bucket in tensorflow-datasets 4.9): made inside one of ours, removed after."""
-    temp_root = tempfile.tempdir
-    with absl_warnings_off(), tempfile.TemporaryDirectory(prefix="bert_jax-tfds-lookup-") as scratch:
-        tempfile.tempdir = scratch
-        try:
-            yield
-        finally:
-            tempfile.tempdir = temp_root
+    (DatasetInfo.initialize_from_bucket in tensorflow-datasets 4.9)."""
+    with absl_warnings_off(), storage.temporary_files_kept_inside("bert_jax-tfds-lookup-"):
+        yield
 
 
 def hub_download_command(repo: str, local_dir: storage.PathLike, include: str = "") -> str:

@@ -229,6 +229,19 @@ def local_copy(files: Iterable[PathLike]) -> Iterator[str]:
         yield folder
 
 
+@contextlib.contextmanager
+def temporary_files_kept_inside(prefix: str) -> Iterator[None]:
+    """Inside the block Python's `tempfile` makes its folders in one of ours, removed after with all they hold: for
+    libraries that make temporary folders and never remove them (TFDS's builder, Beam's job submission)."""
+    temp_root = tempfile.tempdir
+    with tempfile.TemporaryDirectory(prefix=prefix) as scratch:
+        tempfile.tempdir = scratch
+        try:
+            yield
+        finally:
+            tempfile.tempdir = temp_root
+
+
 # ---- TFRecord framing: length, masked CRC32C of the length, data, masked CRC32C of the data ----------------------
 
 

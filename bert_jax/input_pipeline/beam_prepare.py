@@ -27,7 +27,9 @@ def run(units: list[dict], runner: str, beam_options: list[str]) -> dict:
         raise prepare_units.PrepareError(f"--runner={runner} needs Apache Beam: pip install -e '.[beam]' "
                                          "(docs/data.md), or use --runner=local") from e
     output = units[0]["output"]
-    with beam.Pipeline(options=PipelineOptions(beam_options, runner=runner)) as pipeline:
+    # Beam makes a temporary folder for each job's submission and one for its local job server, and leaves both.
+    with (storage.temporary_files_kept_inside("bert_jax-beam-"),
+          beam.Pipeline(options=PipelineOptions(beam_options, runner=runner)) as pipeline):
         _ = (pipeline
              | "Units" >> beam.Create(units)
              | "Spread" >> beam.Reshuffle()  # else a runner may fuse every unit onto the worker that made them

@@ -1,7 +1,7 @@
 """prepare on Apache Beam: the DirectRunner, in this process and on two worker processes, writes the local driver's
 shards and markers byte for byte and its summary (counts and named bad input), and a unit's leftovers from a failed
-attempt are replaced. Skipped where the `beam` extra is not installed (the test extra includes it, so CI
-runs it; docs/data.md)."""
+attempt are replaced; a run leaves no temporary folder behind. Skipped where the `beam` extra is not installed (the
+test extra includes it, so CI runs it; docs/data.md)."""
 import json
 import os
 import subprocess
@@ -44,10 +44,12 @@ def test_direct_runner_in_process_writes_what_the_local_driver_writes(local):
     assert summary["where"]["invalid_utf8_lines"] == [f"{folder}/in/messy.txt:2"]
 
 
-def test_cli_on_two_worker_processes_writes_what_the_local_driver_writes(local):
+def test_cli_on_two_worker_processes_writes_what_the_local_driver_writes(local, tmp_path):
     inputs, folder, summary = local
     out = folder / "two_workers"
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    temp = tmp_path / "temp"  # Beam's job server and job submission each made a folder here and left it
+    temp.mkdir()
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TMPDIR=str(temp))
     result = subprocess.run(
         [sys.executable, "-m", "bert_jax.input_pipeline.prepare", "--runner=DirectRunner", f"--tokenizer={VOCAB}",
          f"--output={out}", "--docs_per_shard=1", *inputs,
@@ -58,6 +60,7 @@ def test_cli_on_two_worker_processes_writes_what_the_local_driver_writes(local):
     assert json.loads((out / prepare_units.SUMMARY).read_text()) == summary
     assert f"summary: documents={summary['documents']}," in result.stdout
     assert f"  invalid_utf8_lines: {folder}/in/messy.txt:2" in result.stdout.splitlines()
+    assert not list(temp.iterdir())
 
 
 def test_a_retried_unit_replaces_what_a_failed_attempt_left(local):
