@@ -188,3 +188,28 @@ def test_documents_without_blank_lines_are_cut(tmp_path, monkeypatch):
     counts = documents.new_counts()
     assert [len(d) for d in documents.read_documents(path, counts)] == [3, 3, 1]
     assert counts["long_documents_split"] == 2
+
+
+@pytest.mark.parametrize("tokens,lengths", [
+    ([], []),  # an empty list is no field at all
+    ([0, 1, 127, 128, 16383, 16384, 2**21 - 1, 2**21, 30521, 2**31 - 1], [4, 6]),  # each varint's size boundary
+    ([-1, -2**63, 2**63 - 1, 2**56, 2**63 - 2**56], [1]),  # ten-byte varints, negatives as two's complement
+    (np.random.default_rng(0).integers(0, 30522, 5000), np.random.default_rng(1).integers(1, 60, 120)),
+])
+def test_documents_serialize_as_tensorflow_does(tokens, lengths):
+    import tensorflow as tf
+
+    feature = {key: tf.train.Feature(int64_list=tf.train.Int64List(value=values))
+               for key, values in (("token_ids", tokens), ("sentence_lengths", lengths))}
+    expected = tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString(deterministic=True)
+    assert documents.serialize(np.asarray(tokens, np.int64), np.asarray(lengths, np.int64)) == expected
+
+
+def test_preparing_imports_no_tensorflow(tmp_path):
+    """TensorFlow costs a worker process 0.7 GB and seconds of CPU to import: prepare writes its shards without it."""
+    script = ("import sys; from bert_jax.input_pipeline import prepare; "
+              f"prepare.prepare(prepare.work_units([{str(CORPUS[0])!r}], {str(tmp_path)!r}, {VOCAB!r}, 'wordpiece', "
+              "True, 50_000), num_workers=1); print(sorted(m for m in sys.modules if m.startswith('tensorflow')))")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.splitlines()[-1] == "[]", result.stderr[-2000:]
+    assert list(tmp_path.glob("*.tfrecord"))
