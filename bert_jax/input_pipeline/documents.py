@@ -385,12 +385,12 @@ def _varints(values: np.ndarray) -> bytes:
     """The `_varint`s of uint64 values, end to end (negative int64s as their two's complement, as protobuf writes
     them), vectorised over the values: a document's tokens would take longer one by one than their tokenizing."""
     sizes = np.searchsorted(_VARINT_LIMITS, values, side="right") + 1
-    ends = np.cumsum(sizes)
-    out = np.empty(int(ends[-1]), np.uint8)
+    starts = np.cumsum(sizes) - sizes
+    out = np.empty(int(starts[-1] + sizes[-1]), np.uint8)
     for k in range(int(sizes.max())):
         has = sizes > k
         chunk = ((values[has] >> np.uint64(7 * k)) & np.uint64(0x7F)).astype(np.uint8)
-        out[(ends - sizes)[has] + k] = chunk | np.where(sizes[has] > k + 1, 0x80, 0).astype(np.uint8)
+        out[starts[has] + k] = chunk | np.where(sizes[has] > k + 1, 0x80, 0).astype(np.uint8)
     return out.tobytes()
 
 
