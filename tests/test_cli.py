@@ -65,3 +65,26 @@ def test_a_command_gives_libtpu_bert_jax_flags_unless_the_user_set_them(given, e
     child = subprocess.run([sys.executable, "-c", PRINT_LIBTPU_ARGS], capture_output=True, text=True, timeout=120)
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == expected
+
+
+READ_DATA_IN_A_COMMAND = """
+import sys
+from bert_jax import cli
+
+def command(argv):
+    import tensorflow as tf
+
+    batches = [b.tolist() for b in tf.data.Dataset.range(5).map(lambda x: 2 * x).batch(2).as_numpy_iterator()]
+    loaded = sorted({name.split(".")[0] for name, module in sys.modules.items()
+                     if name.split(".")[0] in ("keras", "sklearn") and module is not None})
+    print(batches, loaded)
+
+cli.run(command)
+"""
+
+
+def test_a_command_reads_data_without_loading_keras():
+    """TensorFlow imported in a command leaves Keras (and the scikit-learn it pulls in) unloaded; tf.data works."""
+    child = subprocess.run([sys.executable, "-c", READ_DATA_IN_A_COMMAND], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "[[0, 2], [4, 6], [8]] []"
