@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from absl import flags
 from ml_collections import config_flags
 
 from bert_jax import cli
-from bert_jax.input_pipeline.pipeline import PretrainingPipeline
+
+if TYPE_CHECKING:
+    from bert_jax.input_pipeline.pipeline import PretrainingPipeline
 
 FLAGS = flags.FLAGS
 
@@ -46,6 +48,8 @@ def example_records(pipeline: PretrainingPipeline, epoch: int, num_batches: int)
 
 def main(argv):
     del argv
+    from bert_jax.input_pipeline.pipeline import PretrainingPipeline  # TensorFlow: after cli.without_keras
+
     pipeline = PretrainingPipeline(FLAGS.config, FLAGS.process_index, FLAGS.process_count)
     for record in example_records(pipeline, FLAGS.epoch, FLAGS.num_batches):
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
