@@ -266,8 +266,10 @@ def abstract_params(model: nn.Module, **inputs):
 
 
 def init_params(model: nn.Module, rng, **inputs):
-    """Randomly initialised parameters as a plain pytree of float32 arrays."""
-    return nn.unbox(model.init(rng, **(inputs or dummy_inputs()))["params"])
+    """Randomly initialised parameters as a plain pytree of float32 arrays, from one compiled program that computes
+    nothing else: run op by op, `init` compiled each initializer and each op of the forward pass on its own (51
+    compiles of `normal` alone in tests/test_mixed_precision.py) and ran the forward pass too."""
+    return jax.jit(lambda rng, inputs: nn.unbox(model.init(rng, **inputs)["params"]))(rng, inputs or dummy_inputs())
 
 
 def count_params(params, config: Config) -> int:
