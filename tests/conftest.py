@@ -29,9 +29,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 # without LLVM's costly optimizations, and in about half the time again with its older fusion emitters (LLVM IR
 # written directly, not through MLIR): a tiny BERT step on a 2x2x2 mesh took 6.7 CPU-s to compile, 3.5 with them;
 # ELECTRA's 10.9 and 4.5. Sharding, layouts and collectives (the audit's subject) are unchanged; fusions may be
-# grouped differently. The commands the tests start inherit the setting, so compared runs compile alike. Should a
-# jaxlib retire a flag, every process aborts naming it ("Unknown flag in XLA_FLAGS"): remove it here (the older
-# emitters also in tests/test_speed_switches.py).
+# grouped differently. The commands the tests start inherit the setting, so compared runs compile alike. The tests
+# whose subject is a user's exact numbers (parity with transformers, donation) compile with the default emitters
+# (train_helpers.as_users_compile). Should a jaxlib retire a flag, every process aborts naming it ("Unknown flag in
+# XLA_FLAGS"): remove it here, and the emitters' flag also from train_helpers.USERS_EMITTERS.
 if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_backend_optimization_level=0"
                                " --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false").strip()

@@ -1,8 +1,11 @@
 """bert_jax's four families against transformers (PyTorch, CPU) with every weight random, to float32 rounding."""
+import jax
 import numpy as np
 import pytest
 import torch
 import transformers
+
+from train_helpers import as_users_compile
 
 from bert_jax import modeling, state_dict
 from bert_jax.modeling.models import MASKED_LOGIT
@@ -45,13 +48,14 @@ def torch_outputs(torch_model, inputs, **kwargs):
 
 
 def bert_jax_outputs(torch_model, model_config, flax_model_fn, head, inputs, scan_layers=False):
-    """Convert the torch weights, then run the bert_jax model on the same inputs."""
+    """Convert the torch weights, then run the bert_jax model on the same inputs, compiled as a user's run is."""
     sd = {k: v.numpy() for k, v in torch_model.state_dict().items()}
     params = state_dict.params_from_hf(sd, model_config, head)
     model_config.scan_layers = scan_layers
     params = to_model_layout(params, model_config)
     model = flax_model_fn(model_config)
-    return model.apply({"params": params}, **{k: v.astype(np.int32) for k, v in inputs.items()})
+    return as_users_compile(jax.jit(model.apply), {"params": params},
+                            **{k: v.astype(np.int32) for k, v in inputs.items()})
 
 
 def assert_close(ours, reference, mask=None):

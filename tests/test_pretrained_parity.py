@@ -9,6 +9,7 @@ import torch
 import transformers
 from flax import linen as nn
 from test_modeling_parity import COMMON, assert_close, batch, randomize, torch_outputs
+from train_helpers import as_users_compile
 
 import bert_jax
 from bert_jax import config_lib, modeling, sharding
@@ -46,7 +47,8 @@ def assert_outputs_match(loaded, reference, outputs, inputs):
     """Hidden states through .encode, head logits through .model; per-token outputs compared on real tokens."""
     mask = inputs["attention_mask"]
     assert_close(loaded.encode(**inputs)["last_hidden_state"], reference.hidden_states[-1], mask)
-    ours = loaded.model.apply({"params": loaded.params}, **{k: v.astype(np.int32) for k, v in inputs.items()})
+    ours = as_users_compile(jax.jit(loaded.model.apply), {"params": loaded.params},
+                            **{k: v.astype(np.int32) for k, v in inputs.items()})
     for key, attribute in outputs.items():
         per_token = ours[key].shape[:2] == mask.shape
         assert_close(ours[key], getattr(reference, attribute), mask if per_token else None)

@@ -16,7 +16,7 @@ from flax import linen as nn
 from bert_jax import config_lib, modeling, objectives, optimizer, train
 from bert_jax.modeling import pretraining_model, transformer
 from bert_jax.modeling.transformer import attention_kernel, attention_mask_for, dot_product_attention, in_lanes
-from train_helpers import global_batch_at, tiny_config
+from train_helpers import as_users_compile, global_batch_at, tiny_config
 
 
 @pytest.mark.parametrize("impl, cache_bytes",
@@ -93,12 +93,10 @@ def test_donated_step_matches_and_frees_the_old_state():
                  masked_lm_positions=np.tile(np.arange(1, 6, dtype=np.int32), (4, 1)), masked_lm_ids=ids[:, 1:6],
                  masked_lm_weights=np.ones((4, 5), np.int32), next_sentence_labels=np.zeros(4, np.int32))
     # The suite's XLA:CPU emitters (tests/conftest.py) group a step's fusions differently when its outputs alias its
-    # inputs, so the two programs would round differently (1e-12 apart): compile both with XLA's default emitters,
-    # as a user's run does.
-    compiled = lambda fn: fn.lower(init(jax.random.key(0)), batch).compile({"xla_cpu_use_fusion_emitters": True})
-    kept, _ = compiled(jax.jit(step))(init(jax.random.key(0)), batch)
+    # inputs, so the two programs would round differently (1e-12 apart): compile both as a user's run does.
+    kept, _ = as_users_compile(jax.jit(step), init(jax.random.key(0)), batch)
     donated_input = init(jax.random.key(0))
-    donated, _ = compiled(jax.jit(step, donate_argnums=0))(donated_input, batch)
+    donated, _ = as_users_compile(jax.jit(step, donate_argnums=0), donated_input, batch)
     jax.tree.map(np.testing.assert_array_equal, donated, kept)
     assert all(leaf.is_deleted() for leaf in jax.tree.leaves(donated_input["params"]))
 

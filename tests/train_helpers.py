@@ -1,4 +1,5 @@
-"""Shared by the trainer tests: small configs, and synthetic batches that are a pure function of (seed, step).
+"""Shared by the trainer tests: small configs, synthetic batches that are a pure function of (seed, step), and
+programs compiled as a user's run compiles them.
 
 Synthetic batches let a 2-process run see exactly the rows a 1-process run sees (the real pipeline gives each host
 its own files), and keep tests that are about sharding or checkpoints independent of the corpus.
@@ -17,6 +18,16 @@ SEQ_LENGTH, PREDICTIONS, VOCAB = 32, 5, 1000
 
 # The session's compilation cache (tests/conftest.py), for the commands tests start with an environment of their own.
 XLA_CACHE_DIR = os.environ["JAX_COMPILATION_CACHE_DIR"]
+
+
+# The suite compiles with XLA:CPU's older fusion emitters (tests/conftest.py); a user's run gets the default ones.
+USERS_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
+
+
+def as_users_compile(jitted, *args, **kwargs):
+    """jitted(*args, **kwargs), compiled with XLA:CPU's default emitters: for the tests whose subject is the exact
+    numbers a user's run computes (parity with transformers, bit-exact donation)."""
+    return jitted.lower(*args, **kwargs).compile(USERS_EMITTERS)(*args, **kwargs)
 
 
 def tiny_config(family: str = "bert", **overrides):
