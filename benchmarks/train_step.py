@@ -189,7 +189,7 @@ def main():
     parser.add_argument("--rounds", type=int, default=3, help="alternating windows per framework")
     parser.add_argument("--warmup", type=int, default=2,
                         help="untimed alternating windows first: each framework's first steps map its memory afresh "
-                             "(on one Intel machine bert_jax's first two windows took 1.2x its later ones)")
+                             "(on one Intel machine bert_jax's first windows took up to 1.2x its later ones)")
     parser.add_argument("--baseline", choices=("transformers", "none"), default="transformers",
                         help="none: time bert_jax alone (e.g. on a GPU without a CUDA PyTorch)")
     parser.add_argument("--peak_flops", type=float, default=0.0,
