@@ -67,8 +67,8 @@ from flax import linen as nn  # noqa: E402
 
 from bert_jax import flops  # noqa: E402
 from bert_jax.modeling import gpu_attention, transformer  # noqa: E402
-from train_step import (benchmark_config, hf_adamw, hf_inputs, hf_model, jax_step, matmul_peak_flops,  # noqa: E402
-                        synthetic_batch)
+from train_step import (benchmark_config, hf_adamw, hf_inputs, hf_model, interleaved_times, jax_step,  # noqa: E402
+                        matmul_peak_flops, synthetic_batch)
 
 H100_BF16_PEAK = 989e12
 NO_ATTENTION_DROPOUT = ["dtype=bfloat16", "attention_probs_dropout_prob=0"]  # cuDNN attention on both sides
@@ -209,10 +209,7 @@ class PeerRun:
 
 def interleaved(runs: dict, steps: int, rounds: int) -> dict[str, float]:
     """Median seconds a step of each run, timed round by round, one window each in turn."""
-    times = {name: [] for name in runs}
-    for _ in range(rounds):
-        for name, run in runs.items():
-            times[name].append(run.window(steps))
+    times = interleaved_times({name: functools.partial(run.window, steps) for name, run in runs.items()}, rounds)
     return {name: float(np.median(seconds)) for name, seconds in times.items()}
 
 

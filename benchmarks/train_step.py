@@ -180,6 +180,19 @@ def matmul_peak_flops(with_torch: bool, n: int = 2048, trials: int = 5) -> float
     return 2 * n ** 3 / best
 
 
+def interleaved_times(windows: dict, rounds: int, warmup: int = 0) -> dict[str, list[float]]:
+    """Each window's seconds a step, round by round, one window each in turn, after `warmup` untimed rounds: load
+    that comes and goes hits every run alike."""
+    for _ in range(warmup):
+        for window in windows.values():
+            window()
+    times = {name: [] for name in windows}
+    for _ in range(rounds):
+        for name, window in windows.items():
+            times[name].append(window())
+    return times
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", choices=sorted(MODELS), default="bert-base")
@@ -207,31 +220,27 @@ def main():
     measure_peak = functools.partial(matmul_peak_flops, with_baseline)
     peak = args.peak_flops or measure_peak()
 
-    def ours_window():
+    def ours_window() -> float:
         nonlocal state, metrics
+        start = time.perf_counter()
         for batch in batches:
             state, metrics = ours_step(state, batch)
         jax.block_until_ready(metrics)
+        return (time.perf_counter() - start) / args.steps
 
-    def theirs_window():
+    def theirs_window() -> float:
+        start = time.perf_counter()
         for batch in batches:
             theirs_step(batch)
+        return (time.perf_counter() - start) / args.steps
 
     state, metrics = ours_step(state, batches[0])  # compile
-    windows = [ours_window]
+    windows = {"ours": ours_window}
     if with_baseline:
         theirs_step(batches[0])
-        windows.append(theirs_window)
-    for _ in range(args.warmup):
-        for window in windows:
-            window()
-    times = {window: [] for window in windows}
-    for _ in range(args.rounds):
-        for window in windows:
-            start = time.perf_counter()
-            window()
-            times[window].append((time.perf_counter() - start) / args.steps)
-    ours_times, theirs_times = times[ours_window], times.get(theirs_window, [])
+        windows["theirs"] = theirs_window
+    times = interleaved_times(windows, args.rounds, args.warmup)
+    ours_times, theirs_times = times["ours"], times.get("theirs", [])
 
     peak = args.peak_flops or max(peak, measure_peak())  # before and after: load that came and went lowers one
     tokens = args.batch * args.seq
