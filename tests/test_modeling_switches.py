@@ -4,10 +4,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import linen as nn
+from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import PartitionSpec
 
 from bert_jax import config_lib, families, modeling, sharding
-from bert_jax.modeling.transformer import to_model_layout, to_unscanned_layout
+from bert_jax.modeling.transformer import LAYER_NORM_STATISTICS, to_model_layout, to_unscanned_layout
 
 
 def tiny(family="bert", **model_overrides):
@@ -72,6 +73,18 @@ def test_scanned_layers_without_remat_give_the_loops_gradients(family):
     scan_loss, scan_grad = loss_and_grad(scanned, to_model_layout(params, scanned.model))
     np.testing.assert_allclose(scan_loss, ref_loss, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), to_unscanned_layout(scan_grad), ref_grad)
+
+
+def test_scanned_layers_keep_their_layer_norms_statistics(capsys):
+    """Scanned without remat, the loop keeps each LayerNorm's float32 mean and 1/std a layer ([L, B, S, 1] stacks,
+    transformer.LAYER_NORM_STATISTICS), so that its backward pass does not reduce the LayerNorms' inputs again."""
+    config = tiny(scan_layers=True)
+    params = to_model_layout(modeling.init_params(modeling.pretraining_model(tiny()), jax.random.key(0)), config.model)
+    print_saved_residuals(lambda p: jnp.mean(run(config, p)["mlm_logits"] ** 2), params)
+    rows, seq = inputs()["input_ids"].shape
+    statistics = f"f32[{config.model.num_hidden_layers},{rows},{seq},1] "
+    kept = [line for line in capsys.readouterr().out.splitlines() if line.startswith(statistics)]
+    assert len(kept) == 2 * len(LAYER_NORM_STATISTICS), kept  # the attention's and the FFN's LayerNorm
 
 
 def test_bfloat16_compute_keeps_float32_params_and_stays_close():
