@@ -235,6 +235,7 @@ def main():
         return (time.perf_counter() - start) / args.steps
 
     state, metrics = ours_step(state, batches[0])  # compile
+    jax.block_until_ready(metrics)
     windows = {"ours": ours_window}
     if with_baseline:
         theirs_step(batches[0])
