@@ -1,4 +1,6 @@
 """Execution switches change how a model runs, never what it computes (beyond bfloat16 rounding)."""
+import collections
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -75,16 +77,25 @@ def test_scanned_layers_without_remat_give_the_loops_gradients(family):
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), to_unscanned_layout(scan_grad), ref_grad)
 
 
-def test_scanned_layers_keep_their_layer_norms_statistics(capsys):
-    """Scanned without remat, the loop keeps each LayerNorm's float32 mean and 1/std a layer ([L, B, S, 1] stacks,
-    transformer.LAYER_NORM_STATISTICS), so that its backward pass does not reduce the LayerNorms' inputs again."""
-    config = tiny(scan_layers=True)
-    params = to_model_layout(modeling.init_params(modeling.pretraining_model(tiny()), jax.random.key(0)), config.model)
+def test_scanned_layers_stack_only_the_named_activations_and_statistics(capsys):
+    """Scanned without remat, the loop stacks a layer's Q, K and V, its FFN's pre-activation, the two sums before
+    its LayerNorms (one of them the carry, transformer.PendingNorm) and each LayerNorm's float32 mean and 1/std
+    (LAYER_NORM_STATISTICS), so that its backward pass neither reduces the LayerNorms' inputs again nor keeps the
+    output LayerNorm's input beside the carry; the rest is recomputed."""
+    config = tiny(scan_layers=True, num_hidden_layers=3, num_hidden_groups=3)  # no other residual starts f32[3,
+    params = modeling.init_params(modeling.pretraining_model(config), jax.random.key(0))
     print_saved_residuals(lambda p: jnp.mean(run(config, p)["mlm_logits"] ** 2), params)
-    rows, seq = inputs()["input_ids"].shape
-    statistics = f"f32[{config.model.num_hidden_layers},{rows},{seq},1] "
-    kept = [line for line in capsys.readouterr().out.splitlines() if line.startswith(statistics)]
-    assert len(kept) == 2 * len(LAYER_NORM_STATISTICS), kept  # the attention's and the FFN's LayerNorm
+    layers, (rows, seq) = config.model.num_hidden_layers, inputs()["input_ids"].shape
+    hidden, ffn = config.model.hidden_size, config.model.intermediate_size
+    stacks = collections.Counter(line.split(" ")[0] for line in capsys.readouterr().out.splitlines()
+                                 if line.startswith(f"f32[{layers},") and "from the argument" not in line)
+    assert stacks == {
+        f"f32[{layers},{rows},{seq},1]": 2 * len(LAYER_NORM_STATISTICS),  # the attention's and the FFN's LayerNorm
+        f"f32[{layers},{rows},{seq},{hidden}]": 2,  # the sums before the attention's and the output LayerNorm
+        f"f32[{layers},3,{rows},{seq},{hidden}]": 1,  # Q, K and V
+        f"f32[{layers},{rows},{seq},{ffn}]": 1,  # the FFN's pre-activation
+        f"f32[{layers},{hidden}]": 2,  # the output LayerNorm's scale and bias, carried to the next layer
+    }, stacks
 
 
 def test_bfloat16_compute_keeps_float32_params_and_stays_close():

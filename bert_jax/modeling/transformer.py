@@ -12,7 +12,7 @@ the batch split over data x fsdp instead of choosing a layout from the parameter
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -45,16 +45,17 @@ REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.checkpoint_dots,
     "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
-# What a scanned layer keeps for its backward pass without remat (checkpoint_name in TransformerLayer): Q, K and V,
-# the LayerNorms' inputs and the FFN's pre-activation; the rest (GELU, LayerNorm, dropout, and the attention kernel's
-# forward, for its output and logsumexp) is recomputed in the backward pass. Left to scan's own autodiff, the loop
-# stacked every intermediate of those besides, copying each into the stack at every iteration: BERT-base with 4
-# layers at 256 x 128 a chip on v5p-8 (compiler's estimates) took 10.6 GB of temporaries and 31.7 ms, then 6.4 GB and
-# 29.2 ms (unscanned: 4.6, 23.1; keeping the first LayerNorm's output too: 6.5 GB, 29.3 ms). Keeping the kernel's
-# output as well cost a heads-first copy into its stack that took longer than running the kernel again: 12 layers,
-# 13.8 GB and 79.9 ms with it, 12.8 GB and 79.2 ms without (unscanned: 12.8 GB, 61.9 ms; docs/tpu.md).
+# What a scanned layer keeps for its backward pass without remat (checkpoint_name in TransformerLayer): Q, K and V, the
+# attention LayerNorm's input and the FFN's pre-activation (the output LayerNorm's input is the loop's carry,
+# PendingNorm); the rest (GELU, LayerNorm, dropout, and the attention kernel's forward, for its output and logsumexp) is
+# recomputed in the backward pass. Left to scan's own autodiff, the loop stacked every intermediate of those besides,
+# copying each into the stack at every iteration: BERT-base with 4 layers at 256 x 128 a chip on v5p-8 (compiler's
+# estimates) took 10.6 GB of temporaries and 31.7 ms, then 6.4 GB and 29.2 ms (unscanned: 4.6, 23.1; keeping the first
+# LayerNorm's output too: 6.5 GB, 29.3 ms). Keeping the kernel's output as well cost a heads-first copy into its stack
+# that took longer than running the kernel again: 12 layers, 13.8 GB and 79.9 ms with it, 12.8 GB and 79.2 ms without
+# (unscanned: 12.8 GB, 61.9 ms; docs/tpu.md).
 QKV = "attention_qkv"
-LAYER_ACTIVATIONS = (QKV, "attention_sum", "intermediate", "output_sum")
+LAYER_ACTIVATIONS = (QKV, "attention_sum", "intermediate")
 # Each LayerNorm's mean and 1/sqrt(variance + eps), [B, S, 1] float32: kept too, the backward pass normalises the
 # kept inputs again without reducing them. BERT-base s128 at 256 a chip, scanned (v5p-8, compiler's estimates): 61.2
 # to 59.5 ms, 10.35 to 10.34 GB; BERT-large s512 at 72: 212 to 206 ms; the unscanned steps are the same programs.
@@ -132,37 +133,48 @@ def rows_dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_elem
     return out.reshape(lhs.shape[:rows] + rhs.shape[contracted:])
 
 
-class LayerNorm(nn.Module):
-    """Flax's nn.LayerNorm with use_fast_variance=False (its parameters, names and arithmetic), with the float32
-    statistics named (LAYER_NORM_STATISTICS), so that a scanned layer keeps them for its backward pass instead of
-    reducing its LayerNorms' inputs again (SCANNED_SAVES).
+def normalize(x, scale, bias, epsilon: float, dtype):
+    """LayerNorm's arithmetic (Flax's nn.LayerNorm with use_fast_variance=False), with the float32 statistics named
+    (LAYER_NORM_STATISTICS), so that a scanned layer keeps them for its backward pass instead of reducing its
+    LayerNorms' inputs again (SCANNED_SAVES).
 
     Two-pass, as PyTorch computes it, so outputs match the references to float32 rounding. Under bfloat16 the
     statistics and the normalisation stay float32 and only the result is cast back: a bf16 variance over 1024
     features would lose most of its digits.
     """
+    wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    mean = checkpoint_name(wide.mean(-1, keepdims=True), LAYER_NORM_STATISTICS[0])
+    inverse_std = checkpoint_name(jax.lax.rsqrt(jnp.square(wide - mean).mean(-1, keepdims=True) + epsilon),
+                                  LAYER_NORM_STATISTICS[1])
+    return ((x - mean) * (inverse_std * scale) + bias).astype(dtype)
 
+
+class LayerNorm(nn.Module):
+    """Flax's nn.LayerNorm (its parameters and names) over `normalize`; `weights()` hands its parameters to a
+    LayerNorm applied elsewhere (TransformerLayer's deferred output LayerNorm)."""
+
+    features: int
     epsilon: float
     dtype: Any
     param_dtype: Any
     axis_name: str
 
-    @nn.compact
-    def __call__(self, x):
-        features = (x.shape[-1],)
+    def setup(self):
         init = lambda fn: nn.with_logical_partitioning(fn, (self.axis_name,))
-        scale = self.param("scale", init(nn.initializers.ones), features, self.param_dtype)
-        bias = self.param("bias", init(nn.initializers.zeros), features, self.param_dtype)
-        wide = x.astype(jnp.promote_types(x.dtype, jnp.float32))
-        mean = checkpoint_name(wide.mean(-1, keepdims=True), LAYER_NORM_STATISTICS[0])
-        inverse_std = checkpoint_name(jax.lax.rsqrt(jnp.square(wide - mean).mean(-1, keepdims=True) + self.epsilon),
-                                      LAYER_NORM_STATISTICS[1])
-        y = (x - mean) * (inverse_std * scale) + bias
-        return y.astype(self.dtype)
+        self.scale = self.param("scale", init(nn.initializers.ones), (self.features,), self.param_dtype)
+        self.bias = self.param("bias", init(nn.initializers.zeros), (self.features,), self.param_dtype)
+
+    def __call__(self, x):
+        return normalize(x, self.scale, self.bias, self.epsilon, self.dtype)
+
+    def weights(self) -> tuple[Array, Array]:
+        return self.scale, self.bias
 
 
 def layer_norm(config: Config, axis_name: str, name: str) -> LayerNorm:
-    return LayerNorm(config.layer_norm_eps, compute_dtype(config), param_dtype(config), axis_name, name=name)
+    """A LayerNorm over the embedding width (axis token_embed) or the hidden width (embed)."""
+    features = config.embedding_size if axis_name == "token_embed" else config.hidden_size
+    return LayerNorm(features, config.layer_norm_eps, compute_dtype(config), param_dtype(config), axis_name, name=name)
 
 
 def has_embedding_projection(config: Config) -> bool:
@@ -624,16 +636,46 @@ def output_projection(config: Config, context: Array, weights) -> Array:
     return out + bias.astype(dtype)
 
 
+class PendingNorm(NamedTuple):
+    """What a scanned layer carries to the next: its sum before the output LayerNorm, and that LayerNorm's parameters
+    (TransformerLayer's defer_output_norm). Before the first layer nothing is pending: x is the embeddings' output.
+
+    Carrying the layer's normalised output instead, the loop kept that sum in a stack of its own for the backward
+    pass. BERT-base s128 at 256 a chip, scanned (v5p-8, compiler's estimates): 59.5 to 58.3 ms, 10.34 to 9.69 GB.
+    """
+
+    x: Array
+    scale: Array
+    bias: Array
+    pending: Array  # bool, []
+
+    @classmethod
+    def start(cls, x: Array, config: Config) -> PendingNorm:
+        zeros = jnp.zeros(x.shape[-1:], param_dtype(config))
+        return cls(x, zeros, zeros, jnp.array(False))
+
+    def resolve(self, config: Config) -> Array:
+        """The layer output this stands for: the pending LayerNorm applied (elementwise select before the first)."""
+        normalized = normalize(self.x, self.scale, self.bias, config.layer_norm_eps, compute_dtype(config))
+        return constrain(jnp.where(self.pending, normalized, self.x), HIDDEN)
+
+
 class TransformerLayer(nn.Module):
-    """One post-LN layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)). Returns (x, None) so nn.scan can carry x."""
+    """One post-LN layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)). Returns (x, None) so nn.scan can carry x.
+
+    With defer_output_norm (scanned under SCANNED_SAVES) it takes and returns a PendingNorm instead: the next layer,
+    or the encoder after the loop, applies this layer's output LayerNorm. The backward pass keeps that LayerNorm's
+    input anyway, so the loop's carry is that input and the loop keeps one [L, B, S, H] stack fewer.
+    """
 
     config: Config
     deterministic: bool
+    defer_output_norm: bool = False
 
     @nn.compact
-    def __call__(self, x, mask):
+    def __call__(self, carry, mask):
         cfg = self.config
-        x = constrain(x, HIDDEN)
+        x = carry.resolve(cfg) if self.defer_output_norm else constrain(carry, HIDDEN)
         scaled = attention_kernel(cfg, self.deterministic, x.shape[1]) == "splash"  # see query_key_value
         qkv = checkpoint_name(query_key_value(
             cfg, x, [ProjectionWeights(cfg, name=name)() for name in ("query", "key", "value")], scaled), QKV)
@@ -650,8 +692,11 @@ class TransformerLayer(nn.Module):
         h = constrain(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x), FFN_HIDDEN)
         h = checkpoint_name(h, "intermediate")
         h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(ACTIVATIONS[cfg.hidden_act](h))
-        x = layer_norm(cfg, "embed", "output_norm")(checkpoint_name(x + dropout(constrain(h, HIDDEN)), "output_sum"))
-        return constrain(x, HIDDEN), None
+        x = x + dropout(constrain(h, HIDDEN))
+        output_norm = layer_norm(cfg, "embed", "output_norm")
+        if self.defer_output_norm:
+            return PendingNorm(constrain(x, HIDDEN), *output_norm.weights(), jnp.array(True)), None
+        return constrain(output_norm(x), HIDDEN), None
 
 
 def stacks_layers(config: Config) -> bool:
@@ -702,7 +747,7 @@ class Encoder(nn.Module):
     @nn.compact
     def __call__(self, x, mask, deterministic: bool):
         cfg = self.config
-        layer_cls = TransformerLayer
+        layer_cls, defer = TransformerLayer, False
         if cfg.remat_policy != "none":
             layer_cls = nn.remat(TransformerLayer, policy=REMAT_POLICIES[cfg.remat_policy],
                                  prevent_cse=not cfg.scan_layers)
@@ -710,23 +755,31 @@ class Encoder(nn.Module):
             # cuDNN keeps its residuals inside its custom call, where no name reaches them: under SCANNED_SAVES its
             # forward would run again in the backward pass (the GPU compile: 3 calls a layer instead of 2).
             layer_cls = nn.remat(TransformerLayer, policy=SCANNED_SAVES, prevent_cse=False)
+            defer = True  # the output LayerNorm's input is the carry, not a stack beside it (PendingNorm)
         groups = cfg.num_hidden_groups
         repeats = cfg.num_hidden_layers // groups
         if stacks_layers(cfg):
             stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                             in_axes=nn.broadcast, length=groups, metadata_params={nn.PARTITION_NAME: "layers"})
-            x, _ = stack(cfg, deterministic, name="layers")(x, mask)
-            return x
+            return run_loop(stack(cfg, deterministic, defer, name="layers"), x, mask, cfg, defer)
         for group in range(groups):
             if cfg.scan_layers:
                 shared = nn.scan(layer_cls, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
                                  in_axes=nn.broadcast, length=repeats)
-                x, _ = shared(cfg, deterministic, name=f"layer_{group}")(x, mask)
+                x = run_loop(shared(cfg, deterministic, defer, name=f"layer_{group}"), x, mask, cfg, defer)
             else:
                 layer = layer_cls(cfg, deterministic, name=f"layer_{group}")
                 for _ in range(repeats):
                     x, _ = layer(x, mask)
         return x
+
+
+def run_loop(loop: nn.Module, x: Array, mask: Array, config: Config, defer_output_norm: bool) -> Array:
+    """A scanned stack of layers applied to x; deferring each output LayerNorm, it carries a PendingNorm."""
+    if not defer_output_norm:
+        return loop(x, mask)[0]
+    carry, _ = loop(PendingNorm.start(x, config), mask)
+    return carry.resolve(config)
 
 
 class EncoderModel(nn.Module):
