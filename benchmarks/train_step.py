@@ -4,9 +4,9 @@ windows (each framework's first steps also pay for mapping its memory).
 
     python benchmarks/train_step.py --model=bert-base --batch=8 --seq=128
 
-Prints tokens/s for both, their ratio, model FLOPs per step (bert_jax/flops.py) and MFU against the float32 matmul
-peak measured in the same run (the best of JAX and PyTorch on a large matmul,
-before and after the timing). The last line is JSON:
+Prints tokens/s for both, their ratio, model FLOPs per step (bert_jax/flops.py) and MFU against the matmul peak of
+the compute dtype measured in the same run (the best of JAX and PyTorch on a large matmul, before and after the
+timing). With `--set dtype=bfloat16` the peer runs under bfloat16 autocast. The last line is JSON:
 {"tokens_per_s", "baseline_tokens_per_s", "ratio", "mfu", ...}.
 """
 from __future__ import annotations
@@ -125,25 +125,28 @@ def hf_adamw(model, config, fused: bool):
 
 
 def torch_step(config):
-    """The same update in PyTorch: MLM over all positions with -100 labels elsewhere (HF's way), AdamW, clipping."""
+    """The same update in PyTorch: MLM over all positions with -100 labels elsewhere (HF's way), AdamW, clipping.
+    With `--set dtype=bfloat16` the forward runs under bfloat16 autocast (float32 weights), as bert_jax's does."""
     import torch
 
     model = hf_model(config).train()
     params = list(model.parameters())
     opt = hf_adamw(model, config, fused=False)
+    mixed_precision = config.model.dtype == "bfloat16"
 
     def step(batch):
         inputs = hf_inputs(config, batch)
-        if config.objective == "rtd":
-            labels, ids = inputs.pop("labels"), inputs["input_ids"]
-            gen = model["generator"](**inputs, labels=labels)
-            noise = -torch.log(-torch.log(torch.rand_like(gen.logits)))
-            sampled = torch.where(labels >= 0, (gen.logits.detach() + noise).argmax(-1), ids)
-            disc = model["discriminator"](**{**inputs, "input_ids": sampled},
-                                          labels=(sampled != torch.where(labels >= 0, labels, ids)).long())
-            loss = gen.loss + config.rtd_weight * disc.loss
-        else:
-            loss = model(**inputs).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=mixed_precision):
+            if config.objective == "rtd":
+                labels, ids = inputs.pop("labels"), inputs["input_ids"]
+                gen = model["generator"](**inputs, labels=labels)
+                noise = -torch.log(-torch.log(torch.rand_like(gen.logits)))
+                sampled = torch.where(labels >= 0, (gen.logits.detach() + noise).argmax(-1), ids)
+                disc = model["discriminator"](**{**inputs, "input_ids": sampled},
+                                              labels=(sampled != torch.where(labels >= 0, labels, ids)).long())
+                loss = gen.loss + config.rtd_weight * disc.loss
+            else:
+                loss = model(**inputs).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
@@ -159,16 +162,17 @@ def torch_threads() -> int:
     return torch.get_num_threads()
 
 
-def matmul_peak_flops(with_torch: bool, n: int = 2048, trials: int = 5) -> float:
-    """The machine's float32 matmul FLOP/s: the best of several timed trials, in JAX and (if there) PyTorch."""
-    x = jnp.ones((n, n), jnp.float32)
-    matmul = jax.jit(lambda a: a @ a)
+def matmul_peak_flops(with_torch: bool, n: int = 2048, trials: int = 5, dtype: str = "float32") -> float:
+    """The machine's matmul FLOP/s in the compute dtype (bfloat16: float32 sums): the best of several timed trials,
+    in JAX and (if there) PyTorch."""
+    x = jnp.ones((n, n), dtype)
+    matmul = jax.jit(lambda a: jnp.dot(a, a, preferred_element_type=jnp.float32))
     matmul(x).block_until_ready()
     runs = [lambda: matmul(x).block_until_ready()]
     if with_torch:
         import torch
 
-        y = torch.ones(n, n)
+        y = torch.ones(n, n, dtype=getattr(torch, dtype))
         runs.append(lambda: y @ y)
     best = float("inf")
     for run in runs:
@@ -217,7 +221,7 @@ def main():
     ours_step, state = jax_step(config)
     with_baseline = args.baseline == "transformers"
     theirs_step = torch_step(config) if with_baseline else None
-    measure_peak = functools.partial(matmul_peak_flops, with_baseline)
+    measure_peak = functools.partial(matmul_peak_flops, with_baseline, dtype=config.model.dtype)
     peak = args.peak_flops or measure_peak()
 
     def ours_window() -> float:

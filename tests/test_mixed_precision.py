@@ -11,7 +11,8 @@ import pytest
 from flax import linen as nn
 
 from bert_jax import config_lib, modeling, objectives, optimizer, train
-from bert_jax.modeling.transformer import ONE_HOT_ROWS, attention_mask_for, dot_product_attention, layer_norm, lookup
+from bert_jax.modeling.transformer import (ONE_HOT_ROWS, attention_mask_for, bfloat16_matmul, dot_product_attention,
+                                           layer_norm, lookup)
 from train_helpers import global_batch_at, tiny_config
 
 
@@ -88,6 +89,46 @@ def test_bfloat16_outputs_agree_with_float32(family):
             assert out16[key].dtype == jnp.float32, key  # what the losses see
             scale = float(jnp.abs(out32[key]).max())
             np.testing.assert_allclose(out16[key], out32[key], atol=0.02 * scale, err_msg=key)
+
+
+def test_bfloat16_matmul_rounds_and_differentiates_as_a_bfloat16_dot():
+    keys = jax.random.split(jax.random.key(0), 3)
+    lhs, rhs, grad = (jax.random.normal(key, shape).astype(jnp.bfloat16)
+                      for key, shape in zip(keys, [(64, 96), (96, 80), (64, 80)]))
+    dot = lambda a, b: jax.lax.dot_general(a, b, (((1,), (0,)), ((), ())))  # noqa: E731
+    ours, ours_vjp = jax.vjp(bfloat16_matmul, lhs, rhs)
+    plain, plain_vjp = jax.vjp(dot, lhs, rhs)
+    assert ours.dtype == plain.dtype == jnp.bfloat16
+    # The same float32 sums in another order, each rounded once to bfloat16: at most one rounding step apart.
+    for got, want in zip((ours, *ours_vjp(grad)), (plain, *plain_vjp(grad)), strict=True):
+        assert got.dtype == want.dtype
+        got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+        np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2 ** -7 * float(np.abs(want).max()) * 1e-2)
+
+
+def test_cpu_layer_matmuls_of_a_bfloat16_step_ask_for_float32_sums():
+    """XLA:CPU runs a bfloat16 dot with a bfloat16 result, or with its lhs transposed, in its float32 kernel, so each
+    matmul of a layer (Q, K, V, the attention output and the FFN, forward and backward) asks for float32 sums with
+    the lhs's contracted axis last (bfloat16_matmul)."""
+    config = tiny_config("bert", **{"model.dtype": "bfloat16"})
+    model = modeling.pretraining_model(config)
+    params = modeling.init_params(model, jax.random.key(0))
+    loss = objectives.loss_fn(config, model)
+    jaxpr = jax.make_jaxpr(jax.grad(lambda p: loss(p, global_batch_at(config, 0), jax.random.key(0), True)[0]))(params)
+    tokens = config.data.batch_size * config.data.seq_length
+
+    def layer_matmuls(jaxpr):  # a layer's dense matmuls, over its merged [B x S, ...] rows (rows_dot_general)
+        for eqn in jaxpr.eqns:
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+                yield from layer_matmuls(sub)
+            if eqn.primitive.name == "dot_general" and tokens in eqn.invars[0].aval.shape:
+                yield eqn
+
+    matmuls = [(tuple(v.aval.dtype for v in eqn.invars), eqn.outvars[0].aval.dtype,
+                eqn.params["dimension_numbers"][0][0]) for eqn in layer_matmuls(jaxpr.jaxpr)]
+    assert len(matmuls) == 3 * 4 * config.model.num_hidden_layers  # forward, input and weight gradient of 4 each
+    bfloat16, float32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
+    assert set(matmuls) == {((bfloat16, bfloat16), float32, (1,))}
 
 
 def test_weights_read_once_keep_their_gradients_near_float32():
