@@ -12,7 +12,7 @@ from flax import linen as nn
 
 from bert_jax import config_lib, modeling, objectives, optimizer, train
 from bert_jax.modeling.transformer import (ONE_HOT_ROWS, attention_mask_for, bfloat16_matmul, dot_product_attention,
-                                           layer_norm, lookup)
+                                           float32_summed_bias, layer_norm, lookup)
 from train_helpers import global_batch_at, tiny_config
 
 
@@ -106,29 +106,53 @@ def test_bfloat16_matmul_rounds_and_differentiates_as_a_bfloat16_dot():
         np.testing.assert_allclose(got, want, rtol=2 ** -7, atol=2 ** -7 * float(np.abs(want).max()) * 1e-2)
 
 
-def test_cpu_layer_matmuls_of_a_bfloat16_step_ask_for_float32_sums():
-    """XLA:CPU runs a bfloat16 dot with a bfloat16 result, or with its lhs transposed, in its float32 kernel, so each
-    matmul of a layer (Q, K, V, the attention output and the FFN, forward and backward) asks for float32 sums with
-    the lhs's contracted axis last (bfloat16_matmul)."""
+def bfloat16_step_equations(primitive: str):
+    """The `primitive` equations of a tiny bfloat16 BERT's loss gradient, traced for the CPU, with the number of
+    tokens in its batch and its number of layers."""
     config = tiny_config("bert", **{"model.dtype": "bfloat16"})
     model = modeling.pretraining_model(config)
     params = modeling.init_params(model, jax.random.key(0))
     loss = objectives.loss_fn(config, model)
     jaxpr = jax.make_jaxpr(jax.grad(lambda p: loss(p, global_batch_at(config, 0), jax.random.key(0), True)[0]))(params)
-    tokens = config.data.batch_size * config.data.seq_length
 
-    def layer_matmuls(jaxpr):  # a layer's dense matmuls, over its merged [B x S, ...] rows (rows_dot_general)
+    def walk(jaxpr):
         for eqn in jaxpr.eqns:
             for sub in jax.extend.core.jaxprs_in_params(eqn.params):
-                yield from layer_matmuls(sub)
-            if eqn.primitive.name == "dot_general" and tokens in eqn.invars[0].aval.shape:
+                yield from walk(sub)
+            if eqn.primitive.name == primitive:
                 yield eqn
 
+    return list(walk(jaxpr.jaxpr)), config.data.batch_size * config.data.seq_length, config.model.num_hidden_layers
+
+
+def test_cpu_layer_matmuls_of_a_bfloat16_step_ask_for_float32_sums():
+    """XLA:CPU runs a bfloat16 dot with a bfloat16 result, or with its lhs transposed, in its float32 kernel, so each
+    matmul of a layer (Q, K, V, the attention output and the FFN, forward and backward) asks for float32 sums with
+    the lhs's contracted axis last (bfloat16_matmul)."""
+    dots, tokens, layers = bfloat16_step_equations("dot_general")
     matmuls = [(tuple(v.aval.dtype for v in eqn.invars), eqn.outvars[0].aval.dtype,
-                eqn.params["dimension_numbers"][0][0]) for eqn in layer_matmuls(jaxpr.jaxpr)]
-    assert len(matmuls) == 3 * 4 * config.model.num_hidden_layers  # forward, input and weight gradient of 4 each
+                eqn.params["dimension_numbers"][0][0])
+               for eqn in dots if tokens in eqn.invars[0].aval.shape]  # over the merged [B x S, ...] rows
+    assert len(matmuls) == 3 * 4 * layers  # forward, input and weight gradient of 4 each
     bfloat16, float32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
     assert set(matmuls) == {((bfloat16, bfloat16), float32, (1,))}
+
+
+def test_cpu_bias_gradients_of_a_bfloat16_step_sum_in_float32():
+    """Autodiff's sum of a bfloat16 bias gradient reaches XLA:CPU as a bfloat16 reduction, which it converts and sums
+    in passes of its own: each layer's four biases (Q, K, V's stacked, the attention output's and the FFN's) get
+    their gradient summed over the tokens in float32 instead (float32_summed_bias)."""
+    sums, tokens, layers = bfloat16_step_equations("reduce_sum")
+    over_tokens = [eqn.invars[0].aval.dtype for eqn in sums
+                   if np.prod([eqn.invars[0].aval.shape[axis] for axis in eqn.params["axes"]]) == tokens]
+    assert over_tokens.count(jnp.dtype(jnp.float32)) >= 4 * layers
+    assert jnp.dtype(jnp.bfloat16) not in over_tokens
+
+    x, bias, grad = (jax.random.normal(key, shape).astype(jnp.bfloat16)
+                     for key, shape in zip(jax.random.split(jax.random.key(0), 3), [(4, 64, 8), (1, 1, 8), (4, 64, 8)]))
+    _, vjp = jax.vjp(float32_summed_bias, x, bias)
+    expected = np.asarray(grad, np.float32).sum((0, 1), keepdims=True)
+    np.testing.assert_allclose(np.asarray(vjp(grad)[1], np.float32), expected, rtol=2 ** -8)
 
 
 def test_weights_read_once_keep_their_gradients_near_float32():
