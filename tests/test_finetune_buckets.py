@@ -1,5 +1,5 @@
-"""Fine-tuning data, outputs and the evaluation CLIs with their paths in a bucket (the GCS server of conftest.py):
-what is read from gs:// equals the local read, and what a run writes lands in the bucket."""
+"""Fine-tuning checkpoints, data, outputs and the evaluation CLIs with their paths in a bucket (the GCS server of
+conftest.py): what is read from gs:// equals the local read, and what a run writes lands in the bucket."""
 import json
 import os
 import pathlib
@@ -101,10 +101,10 @@ def test_squad_task_reads_and_writes_in_a_bucket(bucket_dir):
     assert scores == squad_eval.evaluate(json.loads(SQUAD.read_text())["data"], predictions)
 
 
-def test_rte_finetune_with_data_and_workdir_in_a_bucket(bucket_dir, init_dir, one_device_mesh):  # noqa: F811
-    # init stays local: bert_jax.pretrained reads local checkpoints only (its bucket support is converted apart).
+def test_rte_finetune_with_checkpoint_data_and_workdir_in_a_bucket(bucket_dir, init_dir, one_device_mesh):  # noqa: F811
+    upload(init_dir, f"{bucket_dir}/init")
     upload(DATA / "glue" / "RTE", f"{bucket_dir}/glue/RTE")
-    config = small_config("glue:rte", init_dir, data_dir=f"{bucket_dir}/glue/RTE", max_seq_length=48,
+    config = small_config("glue:rte", f"{bucket_dir}/init", data_dir=f"{bucket_dir}/glue/RTE", max_seq_length=48,
                           num_epochs=1.0, max_train_examples=16)
     workdir = storage.as_path(f"{bucket_dir}/run")
     results = finetune.train_and_evaluate(config, str(workdir))
