@@ -202,19 +202,20 @@ class Pretrained:
 
 
 def bucketed_length(longest: int) -> int:
-    """The length a batch pads to, so that batches of like length reuse one compiled encoder: a multiple of 16 up to
-    128 tokens, then of an eighth of the next power of two (160, 192, 224, 256, 320, ...), so above 128 tokens padding
-    adds under a quarter to a batch's work and each doubling compiles 4 more shapes. On benchmarks/embed.py's
-    sentences multiples of 32 padded the work by 25%, these by 13%, for 3 more compiles (benchmarks/RESULTS.md)."""
+    """The length `tokenize` pads a batch to, so that batches of like length reuse one compiled encoder: a multiple
+    of 16 up to 128 tokens, then of an eighth of the next power of two (160, 192, 224, 256, 320, ...), so above 128
+    tokens padding adds under a quarter to a batch's work and each doubling compiles 4 more shapes. (`embed` packs
+    its texts instead: pack_rows.)"""
     step = max(16, (1 << (longest - 1).bit_length()) // 8)
     return -(-longest // step) * step
 
 
 def pack_rows(lengths: list[int], row_tokens: int) -> list[tuple[int, list[int]]]:
     """(length, texts) of the rows `embed` encodes: the texts (indices into `lengths`) side by side in each, longest
-    first into the row whose free space fits them most tightly (best fit decreasing). A row holds row_tokens, or
-    bucketed_length of a longer text that opens it; rows come longest first. On benchmarks/embed.py's 512 sentences
-    (21,036 tokens) the rows hold 21,216 slots, where batches of 32 padded to their longest held 29,696."""
+    first into the row whose free space fits them most tightly (best fit decreasing). A row holds row_tokens, or the
+    power of two that holds a longer text opening it, whose slack shorter texts then fill; rows come longest first,
+    each length a compiled shape. benchmarks/embed.py's 512 sentences (21,036 tokens) fill 21,120 slots in rows of
+    two lengths, where batches of 32 padded to their bucketed_length held 29,696 (benchmarks/RESULTS.md)."""
     rows, free, most_free = [], [], 0
     rows_with_free = collections.defaultdict(list)  # free slots -> rows with exactly that many
     for text in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
@@ -223,7 +224,7 @@ def pack_rows(lengths: list[int], row_tokens: int) -> list[tuple[int, list[int]]
                    None)
         if row is None:
             row = len(rows)
-            rows.append((max(row_tokens, bucketed_length(need)), []))
+            rows.append((max(row_tokens, 1 << (need - 1).bit_length()), []))
             free.append(rows[row][0])
         rows[row][1].append(text)
         free[row] -= need

@@ -66,7 +66,7 @@ def test_pack_rows_places_every_text_once_in_rows_that_hold_it():
     rows = pack_rows(lengths, 128)
     assert sorted(text for _, texts in rows for text in texts) == list(range(len(lengths)))
     for length, texts in rows:
-        assert length == max(128, bucketed_length(max(lengths[text] for text in texts)))
+        assert length == max(128, 1 << (max(lengths[text] for text in texts) - 1).bit_length())
         assert sum(lengths[text] for text in texts) <= length
     assert [length for length, _ in rows] == sorted((length for length, _ in rows), reverse=True)
     slots = sum(length for length, _ in rows)
