@@ -55,7 +55,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 HF_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
 FORMATS = ("hf", "bert_jax", "sentence-transformers")
 CPU_CALL_BYTES = 12 << 20  # an encoder call's activations on the CPU (cpu_rows_per_call): 1024 of MiniLM's tokens
-PACKED_ROW_TOKENS = 128  # the rows `embed` packs texts into (pack_rows); a longer text gets a row of its own length
+PACKED_ROW_TOKENS = 128  # the rows `embed` packs texts into (pack_rows); a longer text opens a power-of-two row
 
 
 class OutputExistsError(UserError, FileExistsError):
