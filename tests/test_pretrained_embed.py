@@ -74,10 +74,10 @@ def test_pack_rows_places_every_text_once_in_rows_that_hold_it():
 
 
 @pytest.mark.parametrize("family", ["bert", "roberta", "modernbert"])
-def test_texts_packed_side_by_side_encode_as_if_alone(family):
+def test_texts_packed_side_by_side_encode_as_if_alone(family, monkeypatch):
     """embed's rows hold several texts: each text's hidden states equal those of a row of its own, so its positions
     restart (from pad_token_id + 1 in RoBERTa's numbering) and its attention stays inside it (ModernBERT's local
-    window of 8 too)."""
+    window of 8 too), also where encode splits the rows into calls on the CPU."""
     config = config_lib.load_preset(family, "tiny").model
     params = modeling.init_params(modeling.backbone(config), jax.random.key(0))
     model = pretrained.Pretrained(config, "backbone", params)
@@ -85,6 +85,8 @@ def test_texts_packed_side_by_side_encode_as_if_alone(family):
     framed = [rng.integers(5, 100, n).tolist() for n in (30, 3, 9, 17, 2, 40, 60)]
     rows = pack_rows([len(tokens) for tokens in framed], 64)
     assert len(rows) == 3
+    monkeypatch.setattr(pretrained, "CPU_CALL_BYTES", 2 * 64 * 4 * (config.intermediate_size + 4 * config.hidden_size))
+    assert pretrained.cpu_rows_per_call(config, 64) == 2  # the 3 rows in two calls, the second padded
     for length, same_length in itertools.groupby(rows, key=lambda row: row[0]):
         texts_by_row = [texts for _, texts in same_length]
         inputs, token_slots = packed_inputs(framed, texts_by_row, length, config.pad_token_id,
