@@ -36,7 +36,8 @@ flags.DEFINE_string("squad", None, "scale: a SQuAD JSON file whose questions and
 flags.DEFINE_integer("passages", 100_000, "scale: passages in the corpus, distractors included.")
 flags.DEFINE_string("corpus", str(REPO / "data" / "corpus" / "*.txt"), "scale: text files the distractors come from.")
 flags.DEFINE_integer("window", 64, "scale: words per distractor passage.")
-flags.DEFINE_integer("batch_size", 64, "Texts per encoder call.")
+flags.DEFINE_integer("batch_size", 64, "sentence-transformers' texts a batch; bert_jax's rows per encoder call (embed "
+                     "packs short texts side by side in a row).")
 flags.DEFINE_integer("chunk_size", 4096, "Passages scored at a time.")
 
 

@@ -208,6 +208,6 @@ if __name__ == "__main__":  # flags defined here, so that benchmarks can import 
     flags.DEFINE_string("split", "test", "Which qrels/<split>.tsv to score.")
     flags.DEFINE_enum("pooling", None, list(sentence_embedding.POOLINGS),
                       "Sentence vector (default: the checkpoint's, else [CLS]).")
-    flags.DEFINE_integer("batch_size", 64, "Texts per encoder call.")
+    flags.DEFINE_integer("batch_size", 64, "Rows per encoder call (embed packs short texts side by side in a row).")
     flags.DEFINE_integer("chunk_size", 4096, "Passages scored at a time (memory: queries x (100 + chunk) floats).")
     cli.run(main)
