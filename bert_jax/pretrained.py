@@ -171,13 +171,13 @@ class Pretrained:
         if not texts:
             return vectors
         framed = self._framed(self._text_tokens(texts))
-        pad = self._require_tokenizer().special.pad
+        pad, first = self._require_tokenizer().special.pad, first_position(self.config)
         rows = pack_rows([len(tokens) for tokens in framed], PACKED_ROW_TOKENS)
         for length, same_length in itertools.groupby(rows, key=lambda row: row[0]):  # pack_rows: longest rows first
             texts_by_row = [texts_of_row for _, texts_of_row in same_length]
             for start in range(0, len(texts_by_row), batch_size):
                 call = texts_by_row[start:start + batch_size]
-                inputs, token_slots = packed_inputs(framed, call, length, pad, first_position(self.config))
+                inputs, token_slots = packed_inputs(framed, call, length, pad, first)
                 hidden = self.encode(**inputs)["last_hidden_state"]
                 vectors[[text for row in call for text in row]] = sentence_embedding.pool(
                     hidden.reshape(-1, hidden.shape[-1])[token_slots], token_slots >= 0, rule)
