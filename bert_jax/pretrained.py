@@ -173,14 +173,10 @@ class Pretrained:
         framed = self._framed(self._text_tokens(texts))
         pad, first = self._require_tokenizer().special.pad, first_position(self.config)
         rows = pack_rows([len(tokens) for tokens in framed], PACKED_ROW_TOKENS)
-        for length, same_length in itertools.groupby(rows, key=lambda row: row[0]):  # pack_rows: longest rows first
-            texts_by_row = [texts_of_row for _, texts_of_row in same_length]
-            for start in range(0, len(texts_by_row), batch_size):
-                call = texts_by_row[start:start + batch_size]
-                inputs, token_slots = packed_inputs(framed, call, length, pad, first)
-                hidden = self.encode(**inputs)["last_hidden_state"]
-                vectors[[text for row in call for text in row]] = sentence_embedding.pool(
-                    hidden.reshape(-1, hidden.shape[-1])[token_slots], token_slots >= 0, rule)
+        for inputs, token_slots, call_texts in packed_calls(framed, rows, batch_size, pad, first):
+            hidden = self.encode(**inputs)["last_hidden_state"]
+            vectors[call_texts] = sentence_embedding.pool(
+                hidden.reshape(-1, hidden.shape[-1])[token_slots], token_slots >= 0, rule)
         return vectors
 
     def fill_mask(self, text: str, top_k: int = 5) -> list[list[tuple[str, float]]]:
@@ -231,6 +227,17 @@ def pack_rows(lengths: list[int], row_tokens: int) -> list[tuple[int, list[int]]
         rows_with_free[free[row]].append(row)
         most_free = max(most_free, free[row])
     return rows
+
+
+def packed_calls(framed: list[list[int]], rows: list[tuple[int, list[int]]], rows_per_call: int, pad_id: int,
+                 first: int):
+    """The encoder calls of pack_rows' `rows` (longest first): up to rows_per_call rows of one length each, as
+    (packed_inputs' inputs and token slots, the texts in the order of the slots)."""
+    for length, same_length in itertools.groupby(rows, key=lambda row: row[0]):
+        texts_by_row = [texts for _, texts in same_length]
+        for start in range(0, len(texts_by_row), rows_per_call):
+            call = texts_by_row[start:start + rows_per_call]
+            yield *packed_inputs(framed, call, length, pad_id, first), [text for row in call for text in row]
 
 
 def packed_inputs(framed: list[list[int]], rows: list[list[int]], length: int, pad_id: int,

