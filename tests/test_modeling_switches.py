@@ -9,7 +9,7 @@ from flax import linen as nn
 from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import PartitionSpec
 
-from bert_jax import config_lib, families, modeling, sharding
+from bert_jax import config_lib, families, flops, modeling, sharding
 from bert_jax.modeling.transformer import LAYER_NORM_STATISTICS, to_model_layout, to_unscanned_layout
 
 
@@ -96,6 +96,57 @@ def test_scanned_layers_stack_only_the_named_activations_and_statistics(capsys):
         f"f32[{layers},{rows},{seq},{ffn}]": 1,  # the FFN's pre-activation
         f"f32[{layers},{hidden}]": 2,  # the output LayerNorm's scale and bias, carried to the next layer
     }, stacks
+
+
+@pytest.mark.parametrize("family,overrides", [
+    ("bert", {}), ("albert", {}), ("electra", {}), ("roberta", {"remat_policy": "dots"}),
+    ("bert", {"scan_layers": True}), ("modernbert", {})])
+def test_masked_positions_give_the_full_models_outputs_and_gradients_there(family, overrides):
+    """Given masked_positions the last layer computes only those rows and [CLS] where it can
+    (transformer.last_layer_at_rows; scanned stacks and ModernBERT gather after): the MLM logits, the sentence logits
+    and every gradient equal the full model's at those positions, over padding, packed rows and a repeated position."""
+    config = tiny(family, **overrides)
+    batch = inputs()
+    positions = jnp.array([[0, 3, 9, 9], [2, 7, 11, 15]])  # row 1 pads from 10 on: a masked position can be padding
+    if family != "electra":  # Electra's __call__ (init's) takes no packed rows; its generator's rows are the same code
+        batch["packing_segment_ids"] = jnp.array([[1] * 6 + [2] * 10, [1] * 9 + [2] * 7])
+    model = modeling.pretraining_model(config)
+    params = modeling.init_params(model, jax.random.key(0))
+    at_rows = lambda p: model.apply({"params": p}, **batch, masked_positions=positions)
+    full = lambda p: model.apply({"params": p}, **batch)
+    gather = lambda logits: jnp.take_along_axis(logits, positions[..., None], axis=1)
+
+    def loss(outputs):
+        return jnp.mean(outputs["mlm_logits"][..., :50] ** 2) + jnp.mean(outputs.get("sentence_logits", 0.0) ** 2)
+
+    rows_loss, rows_grad = jax.jit(jax.value_and_grad(lambda p: loss(at_rows(p))))(params)
+    full_loss, full_grad = jax.jit(jax.value_and_grad(
+        lambda p: loss({**full(p), "mlm_logits": gather(full(p)["mlm_logits"])})))(params)
+    outputs = jax.jit(at_rows)(params)
+    assert outputs["mlm_logits"].shape[:2] == positions.shape
+    np.testing.assert_allclose(outputs["mlm_logits"], gather(jax.jit(full)(params)["mlm_logits"]), atol=2e-6)
+    np.testing.assert_allclose(rows_loss, full_loss, rtol=1e-6)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), rows_grad, full_grad)
+
+
+def test_the_model_flops_follow_the_last_layer_at_the_read_rows():
+    """flops.encoder_forward_flops with read_rows saves what the compiled forward pass saves (XLA's own count, which
+    also has the elementwise work: within 2%), where the model computes its last layer at those rows."""
+    model_config = tiny(hidden_size=256, intermediate_size=1024, num_hidden_layers=2).model
+    encoder = modeling.EncoderModel(model_config)
+    seq, read = 128, 21  # 20 positions and [CLS]
+    ids = jnp.ones((1, seq), jnp.int32)
+    params = modeling.init_params(encoder, jax.random.key(0), input_ids=ids)
+
+    def compiled_flops(**kwargs):
+        forward = jax.jit(lambda p: encoder.apply({"params": p}, ids, **kwargs)["last_hidden_state"].sum())
+        return forward.lower(params).compile().cost_analysis()["flops"]
+
+    saved = compiled_flops() - compiled_flops(output_positions=3 * jnp.arange(read - 1)[None])
+    counted = flops.encoder_forward_flops(model_config, seq) - flops.encoder_forward_flops(model_config, seq, read)
+    assert counted > 0 and abs(saved - counted) <= 0.02 * counted, (saved, counted)
+    model_config.scan_layers = True  # the stack computes every row
+    assert flops.encoder_forward_flops(model_config, seq, read) == flops.encoder_forward_flops(model_config, seq)
 
 
 def test_bfloat16_compute_keeps_float32_params_and_stays_close():

@@ -28,10 +28,10 @@ from flax import linen as nn
 
 from bert_jax.config_lib import ConfigError
 from bert_jax.families import Family, HfConversion, HfNames, Tokenizer
-from bert_jax.modeling.models import head_input, vocab_logits
-from bert_jax.modeling.transformer import (ACTIVATIONS, FFN_HIDDEN, HIDDEN, PER_HEAD, REMAT_POLICIES, Config,
-                                           compute_dtype, constrain, dot_product_attention, layer_mask, lookup,
-                                           padded_vocab_size, param_dtype)
+from bert_jax.modeling.models import vocab_logits
+from bert_jax.modeling.transformer import (ACTIVATIONS, FFN_HIDDEN, HIDDEN, PER_HEAD, REMAT_POLICIES, ROWS, Config,
+                                           compute_dtype, constrain, dot_product_attention, gather_positions,
+                                           layer_mask, lookup, padded_vocab_size, param_dtype)
 
 # The keys ModernBERT adds to config_lib.model_config, with the paper's values. LayerNorms use layer_norm_eps.
 MODEL_DEFAULTS = dict(
@@ -213,7 +213,8 @@ def check_config(config: Config) -> None:
 
 
 class Encoder(nn.Module):
-    """The ModernBERT backbone: embeddings -> layers -> final LayerNorm. Returns {"last_hidden_state": [B, S, H]}.
+    """The ModernBERT backbone: embeddings -> layers -> final LayerNorm. Returns {"last_hidden_state": [B, S, H]},
+    or [B, P, H] at `output_positions` [B, P] when given (every layer still computes every row: last_layer_at_rows).
 
     token_type_ids are accepted (the shared call signature) and ignored. Packed rows (packing_segment_ids) attend
     within their own example; RoPE and the window depend only on distances, so positions need no restart.
@@ -233,7 +234,7 @@ class Encoder(nn.Module):
         return self.shared_embeddings if self.shared_embeddings is not None else self.embeddings
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                 packing_segment_ids=None, deterministic: bool = True) -> dict:
+                 packing_segment_ids=None, output_positions=None, deterministic: bool = True) -> dict:
         cfg = self.config
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
@@ -242,23 +243,25 @@ class Encoder(nn.Module):
         x = self.token_embeddings()(input_ids, deterministic)
         mask = layer_mask(cfg, attention_mask, packing_segment_ids, deterministic)
         x = self.encoder(x, position_ids, mask, deterministic)
+        if output_positions is not None:
+            return {"last_hidden_state": constrain(self.final_norm(gather_positions(x, output_positions)), ROWS)}
         return {"last_hidden_state": constrain(self.final_norm(x), HIDDEN)}
 
 
 class MlmHead(nn.Module):
     """dense H -> H, activation, LayerNorm, then logits tied to the word table plus a per-token bias.
 
-    As models.MlmHead: masked_positions [B, P] selects the positions to project; the logits have
-    padded_vocab_size columns, those from vocab_size on holding MASKED_LOGIT.
+    As models.MlmHead: it projects the hidden states it is given (the masked positions' in pretraining); the
+    logits have padded_vocab_size columns, those from vocab_size on holding MASKED_LOGIT.
     """
 
     config: Config
 
     @nn.compact
-    def __call__(self, hidden, word_embeddings, masked_positions=None):
+    def __call__(self, hidden, word_embeddings):
         cfg = self.config
         x = linear(cfg, cfg.hidden_size, ("embed", "token_embed"), "transform", cfg.classifier_bias,
-                   std=out_std(cfg))(head_input(hidden, masked_positions))
+                   std=out_std(cfg))(constrain(hidden, ROWS))
         x = norm(cfg, "token_embed", "norm")(ACTIVATIONS[cfg.classifier_activation](x))
         return vocab_logits(self, x, word_embeddings, cfg)
 

@@ -8,10 +8,9 @@ from flax import linen as nn
 
 from bert_jax import families
 from bert_jax.config_lib import generator_config, validate_model_config
-from bert_jax.modeling.transformer import (ACTIVATIONS, POOLED, Config, EncoderModel, Embeddings, constrain,
+from bert_jax.modeling.transformer import (ACTIVATIONS, POOLED, ROWS, Config, EncoderModel, Embeddings, constrain,
                                            dense, layer_norm, map_vocab_params, padded_vocab_size, param_dtype)
 
-HEAD_INPUT = ("activation_batch", None, "activation_embed")  # [B, P, H] at the masked positions (or all S)
 LOGITS = ("activation_batch", None, "activation_vocab")  # [B, P, V]: the vocabulary split over tensor
 MASKED_LOGIT = -1e9  # the logit of a vocabulary padding column: finite in float32 and bfloat16, exp() of it is 0
 
@@ -26,15 +25,11 @@ def mlm_head(config: Config, **kwargs) -> nn.Module:
     return (families.of(config).mlm_head or MlmHead)(config, **kwargs)
 
 
-def gather_positions(hidden, positions):
-    """hidden[b, positions[b, p]]: [B, S, H] x [B, P] -> [B, P, H]."""
-    return jnp.take_along_axis(hidden, positions[..., None], axis=1)
-
-
 class MlmHead(nn.Module):
     """dense H -> E, activation, LayerNorm, then logits tied to the word embeddings, plus a per-token bias.
 
-    Given masked_positions [B, P] it projects only those positions onto the vocabulary (the costly part).
+    It projects the hidden states it is given: the backbone's at the masked positions [B, P, H] in pretraining
+    (its output_positions), so that only those reach the vocabulary (the costly part).
 
     The logits (the models' "mlm_logits", ELECTRA's generator_logits) have padded_vocab_size(config) columns, so
     that a tensor-sharded vocabulary is never resliced; columns from vocab_size on hold MASKED_LOGIT. Objectives
@@ -44,19 +39,12 @@ class MlmHead(nn.Module):
     config: Config
 
     @nn.compact
-    def __call__(self, hidden, word_embeddings, masked_positions=None):
+    def __call__(self, hidden, word_embeddings):
         cfg = self.config
         activation = families.of(cfg).mlm_activation or cfg.hidden_act
-        x = dense(cfg, cfg.embedding_size, ("embed", "token_embed"), "transform")(head_input(hidden, masked_positions))
+        x = dense(cfg, cfg.embedding_size, ("embed", "token_embed"), "transform")(constrain(hidden, ROWS))
         x = layer_norm(cfg, "token_embed", "norm")(ACTIVATIONS[activation](x))
         return vocab_logits(self, x, word_embeddings, cfg)
-
-
-def head_input(hidden, masked_positions=None):
-    """An MLM head's input: the hidden states at the masked positions [B, P, H] (all of them when None)."""
-    if masked_positions is not None:
-        hidden = gather_positions(hidden, masked_positions)
-    return constrain(hidden, HEAD_INPUT)
 
 
 def vocab_logits(head: nn.Module, x, word_embeddings, config: Config):
@@ -114,9 +102,9 @@ class PreTrainingModel(nn.Module):
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
                  packing_segment_ids=None, deterministic: bool = True):
         outputs = self.backbone(input_ids, attention_mask, token_type_ids, packing_segment_ids=packing_segment_ids,
-                                deterministic=deterministic)
+                                output_positions=masked_positions, deterministic=deterministic)
         table = self.backbone.token_embeddings().word_embeddings.embedding
-        outputs["mlm_logits"] = self.mlm_head(outputs["last_hidden_state"], table, masked_positions)
+        outputs["mlm_logits"] = self.mlm_head(outputs["last_hidden_state"], table)
         if self.sentence_head:
             outputs["sentence_logits"] = self.sentence_pair_head(outputs["pooler_output"], deterministic)
         return outputs
@@ -159,8 +147,8 @@ class Electra(nn.Module):
     def generator_logits(self, input_ids, attention_mask=None, token_type_ids=None, masked_positions=None,
                          packing_segment_ids=None, deterministic: bool = True):
         hidden = self.generator(input_ids, attention_mask, token_type_ids, packing_segment_ids=packing_segment_ids,
-                                deterministic=deterministic)["last_hidden_state"]
-        return self.generator_head(hidden, self.embeddings.word_embeddings.embedding, masked_positions)
+                                output_positions=masked_positions, deterministic=deterministic)["last_hidden_state"]
+        return self.generator_head(hidden, self.embeddings.word_embeddings.embedding)
 
     def discriminator_logits(self, input_ids, attention_mask=None, token_type_ids=None, packing_segment_ids=None,
                              deterministic: bool = True):

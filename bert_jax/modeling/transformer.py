@@ -86,6 +86,7 @@ LANES = PER_HEAD[:3]  # [B, S, heads x d]: a token's heads side by side, as the 
 STACKED_LANES = (None, *LANES)  # Q, K and V stacked: [3, B, S, heads x d]
 FFN_HIDDEN = ("activation_batch", "activation_heads_length", "activation_mlp")  # [B, S, FFN width]
 POOLED = ("activation_batch", "activation_embed")  # [B, H]: [CLS] vectors, the sentence heads' inputs
+ROWS = ("activation_batch", None, "activation_embed")  # [B, P, H] at a few positions (OutputRows), or all S
 
 
 def normal_init(config: Config, axes: tuple[str, ...]):
@@ -274,13 +275,23 @@ def position_ids_for(config: Config, input_ids: Array) -> Array:
     return jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
 
 
-def attention_mask_for(attention_mask: Array, packing_segment_ids: Array | None) -> Array:
-    """Boolean [B, 1, S, S]: a query sees the real keys of its own packed example (of the whole row if unpacked)."""
-    mask = nn.make_attention_mask(jnp.ones_like(attention_mask), attention_mask > 0, dtype=jnp.bool_)
+def attention_mask_for(attention_mask: Array, packing_segment_ids: Array | None,
+                       query_positions: Array | None = None) -> Array:
+    """Boolean [B, 1, S, S]: a query sees the real keys of its own packed example (of the whole row if unpacked).
+    With query_positions [B, P], the rows of the queries at those positions only: [B, 1, P, S]."""
+    queries = jnp.ones_like(attention_mask if query_positions is None else query_positions)
+    mask = nn.make_attention_mask(queries, attention_mask > 0, dtype=jnp.bool_)
     if packing_segment_ids is not None:
-        same_example = nn.make_attention_mask(packing_segment_ids, packing_segment_ids, jnp.equal, dtype=jnp.bool_)
+        query_ids = packing_segment_ids if query_positions is None else jnp.take_along_axis(
+            packing_segment_ids, query_positions, axis=1)
+        same_example = nn.make_attention_mask(query_ids, packing_segment_ids, jnp.equal, dtype=jnp.bool_)
         mask = jnp.logical_and(mask, same_example)
     return mask
+
+
+def gather_positions(hidden: Array, positions: Array) -> Array:
+    """hidden[b, positions[b, p]]: [B, S, H] x [B, P] -> [B, P, H]."""
+    return jnp.take_along_axis(hidden, positions[..., None], axis=1)
 
 
 # 128 rows a tile, times 3: the vocabulary then splits over every tensor size that divides 2^7 x 3, which holds
@@ -749,12 +760,33 @@ class PendingNorm(NamedTuple):
         return constrain(jnp.where(self.pending, normalized, self.x), HIDDEN)
 
 
+class OutputRows(NamedTuple):
+    """The only rows of the encoder's output that are read, [B, P] positions (an MLM head's masked positions, with
+    [CLS] for the pooler), and the mask of their queries, [B, 1, P, S] (attention_mask_for). The last layer then
+    computes its query projection, attention output, FFN and LayerNorms at those rows alone; its keys and values
+    still come from every row. BERT-base at 8 x 128 with 20 predictions a row: 5.6% of the step's model FLOPs, and
+    on CPU about 5% of its time (benchmarks/RESULTS.md).
+    """
+
+    positions: Array
+    mask: Array
+
+
+def last_layer_at_rows(config: Config) -> bool:
+    """Whether the encoder computes its last layer at OutputRows alone: with its layers as modules of their own. A
+    scanned stack runs one body for every layer, so it computes every row and gathers them after; so does
+    ModernBERT's encoder, whose long rows would need a kernel for few queries over many keys."""
+    return families.of(config).encoder is None and not config.scan_layers
+
+
 class TransformerLayer(nn.Module):
     """One post-LN layer: x = LN(x + Attn(x)); x = LN(x + FFN(x)). Returns (x, None) so nn.scan can carry x.
 
     With defer_output_norm (scanned under SCANNED_SAVES) it takes and returns a PendingNorm instead: the next layer,
     or the encoder after the loop, applies this layer's output LayerNorm. The backward pass keeps that LayerNorm's
     input anyway, so the loop's carry is that input and the loop keeps one [L, B, S, H] stack fewer.
+
+    Given `rows` (OutputRows; the last layer only), it returns [B, P, H] at those rows.
     """
 
     config: Config
@@ -762,30 +794,47 @@ class TransformerLayer(nn.Module):
     defer_output_norm: bool = False
 
     @nn.compact
-    def __call__(self, carry, mask):
+    def __call__(self, carry, mask, rows: OutputRows | None = None):
         cfg = self.config
         x = carry.resolve(cfg) if self.defer_output_norm else constrain(carry, HIDDEN)
-        scaled = attention_kernel(cfg, self.deterministic, x.shape[1]) == "splash"  # see query_key_value
-        qkv = checkpoint_name(query_key_value(
-            cfg, x, [ProjectionWeights(cfg, name=name)() for name in ("query", "key", "value")], scaled), QKV)
+        projections = [ProjectionWeights(cfg, name=name)() for name in ("query", "key", "value")]
         dropout_rng = None
         if cfg.attention_probs_dropout_prob > 0.0 and not self.deterministic:
             dropout_rng = self.make_rng("dropout")
-        context = dot_product_attention(qkv, mask, cfg, dropout_rng, scaled_query=scaled)
-        context = constrain(context, LANES if context.ndim == 3 else PER_HEAD)
+        if rows is None:
+            scaled = attention_kernel(cfg, self.deterministic, x.shape[1]) == "splash"  # see query_key_value
+            qkv = checkpoint_name(query_key_value(cfg, x, projections, scaled), QKV)
+            context = dot_product_attention(qkv, mask, cfg, dropout_rng, scaled_query=scaled)
+            context = constrain(context, LANES if context.ndim == 3 else PER_HEAD)
+            layout = HIDDEN
+        else:
+            queries = constrain(gather_positions(x, rows.positions), ROWS)
+            context = attention_at_rows(cfg, queries, x, rows.mask, projections, dropout_rng)
+            x, layout = queries, ROWS
         attended = output_projection(cfg, context, ProjectionWeights(cfg, ("heads", "kv", "embed"), ("embed",),
                                                                      name="attention_output")())
         dropout = nn.Dropout(cfg.hidden_dropout_prob, deterministic=self.deterministic)
-        x = checkpoint_name(x + dropout(constrain(attended, HIDDEN)), "attention_sum")
+        x = checkpoint_name(x + dropout(constrain(attended, layout)), "attention_sum")
         x = layer_norm(cfg, "embed", "attention_norm")(x)
         h = constrain(dense(cfg, cfg.intermediate_size, ("embed", "mlp"), "intermediate")(x), FFN_HIDDEN)
         h = checkpoint_name(h, "intermediate")
         h = dense(cfg, cfg.hidden_size, ("mlp", "embed"), "output")(ACTIVATIONS[cfg.hidden_act](h))
-        x = x + dropout(constrain(h, HIDDEN))
+        x = x + dropout(constrain(h, layout))
         output_norm = layer_norm(cfg, "embed", "output_norm")
         if self.defer_output_norm:
             return PendingNorm(constrain(x, HIDDEN), *output_norm.weights(), jnp.array(True)), None
-        return constrain(output_norm(x), HIDDEN), None
+        return constrain(output_norm(x), layout), None
+
+
+def attention_at_rows(config: Config, queries: Array, x: Array, mask: Array, projections: list,
+                      dropout_rng=None) -> Array:
+    """The attention context [B, P, heads, d] of a few rows, queries [B, P, H], over the keys and values of every
+    row of x [B, S, H], under OutputRows' mask. With few queries the probabilities, [B, heads, P, S], are small, so
+    the reference computes them (with attention dropout when given a rng) on every platform."""
+    width = attention_head_width(config)
+    query = per_head(query_key_value(config, queries, projections[:1])[0], width)
+    key, value = (per_head(t, width) for t in query_key_value(config, x, projections[1:]))
+    return attention_per_head(query, key, value, mask, config, "reference", dropout_rng)
 
 
 def stacks_layers(config: Config) -> bool:
@@ -828,13 +877,14 @@ class Encoder(nn.Module):
     """num_hidden_layers layers in num_hidden_groups weight groups: BERT has a group per layer, ALBERT one for all.
 
     Parameters are named layer_<group>; with scan_layers and one layer per group they are stacked under `layers`
-    instead (leading axis = layer), which compiles the stack once.
+    instead (leading axis = layer), which compiles the stack once. Given `rows` (OutputRows), the output is
+    [B, P, H] at those rows, the last layer computing only them where it can (last_layer_at_rows).
     """
 
     config: Config
 
     @nn.compact
-    def __call__(self, x, mask, deterministic: bool):
+    def __call__(self, x, mask, deterministic: bool, rows: OutputRows | None = None):
         cfg = self.config
         layer_cls, defer = TransformerLayer, False
         if cfg.remat_policy != "none":
@@ -850,16 +900,20 @@ class Encoder(nn.Module):
         if stacks_layers(cfg):
             stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
                             in_axes=nn.broadcast, length=groups, metadata_params={nn.PARTITION_NAME: "layers"})
-            return run_loop(stack(cfg, deterministic, defer, name="layers"), x, mask, cfg, defer)
-        for group in range(groups):
-            if cfg.scan_layers:
+            x = run_loop(stack(cfg, deterministic, defer, name="layers"), x, mask, cfg, defer)
+        elif cfg.scan_layers:
+            for group in range(groups):
                 shared = nn.scan(layer_cls, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
                                  in_axes=nn.broadcast, length=repeats)
                 x = run_loop(shared(cfg, deterministic, defer, name=f"layer_{group}"), x, mask, cfg, defer)
-            else:
+        else:
+            for group in range(groups):
                 layer = layer_cls(cfg, deterministic, name=f"layer_{group}")
-                for _ in range(repeats):
-                    x, _ = layer(x, mask)
+                for repeat in range(repeats):
+                    last = (group, repeat) == (groups - 1, repeats - 1)
+                    x, _ = layer(x, mask, rows if last else None)
+        if rows is not None and not last_layer_at_rows(cfg):
+            x = constrain(gather_positions(x, rows.positions), ROWS)
         return x
 
 
@@ -875,7 +929,9 @@ class EncoderModel(nn.Module):
     """The backbone every family keeps: embeddings -> (E -> H projection) -> encoder -> pooler.
 
     `shared_embeddings` lets ELECTRA's generator and discriminator use one Embeddings module owned by their parent.
-    Returns {"last_hidden_state": [B, S, H], "pooler_output": [B, H] (when config.pooler)}.
+    Returns {"last_hidden_state": [B, S, H], "pooler_output": [B, H] (when config.pooler)}; given
+    `output_positions` [B, P] (the positions an MLM head reads), last_hidden_state is [B, P, H] at those, and the
+    last layer computes only them and [CLS] (OutputRows).
     """
 
     config: Config
@@ -895,7 +951,7 @@ class EncoderModel(nn.Module):
         return self.shared_embeddings if self.shared_embeddings is not None else self.embeddings
 
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, position_ids=None,
-                 packing_segment_ids=None, deterministic: bool = True):
+                 packing_segment_ids=None, output_positions=None, deterministic: bool = True):
         cfg = self.config
         if attention_mask is None:
             attention_mask = jnp.ones_like(input_ids)
@@ -907,8 +963,13 @@ class EncoderModel(nn.Module):
         if has_embedding_projection(cfg):
             x = constrain(self.embedding_projection(x), HIDDEN)
         mask = layer_mask(cfg, attention_mask, packing_segment_ids, deterministic)
-        x = self.encoder(x, mask, deterministic)
-        outputs = {"last_hidden_state": x}
+        rows = None
+        if output_positions is not None:
+            # The pooler reads [CLS]: row 0 of the encoder's output, the requested rows after it.
+            positions = jnp.pad(output_positions, ((0, 0), (1, 0))) if cfg.pooler else output_positions
+            rows = OutputRows(positions, attention_mask_for(attention_mask, packing_segment_ids, positions))
+        x = self.encoder(x, mask, deterministic, rows)
+        outputs = {"last_hidden_state": x[:, 1:] if rows is not None and cfg.pooler else x}
         if cfg.pooler:
             outputs["pooler_output"] = jnp.tanh(self.pooler(constrain(x[:, 0], POOLED)))
         return outputs
