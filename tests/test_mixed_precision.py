@@ -108,7 +108,8 @@ def test_bfloat16_matmul_rounds_and_differentiates_as_a_bfloat16_dot():
 
 def bfloat16_step_equations(primitive: str):
     """The `primitive` equations of a tiny bfloat16 BERT's loss gradient, traced for the CPU, with the number of
-    tokens in its batch and its number of layers."""
+    tokens in its batch, the rows its last layer computes (the masked positions and [CLS]: OutputRows) and its
+    number of layers."""
     config = tiny_config("bert", **{"model.dtype": "bfloat16"})
     model = modeling.pretraining_model(config)
     params = modeling.init_params(model, jax.random.key(0))
@@ -122,18 +123,21 @@ def bfloat16_step_equations(primitive: str):
             if eqn.primitive.name == primitive:
                 yield eqn
 
-    return list(walk(jaxpr.jaxpr)), config.data.batch_size * config.data.seq_length, config.model.num_hidden_layers
+    rows = config.data.batch_size * (config.masking.max_predictions_per_seq + 1)
+    return (list(walk(jaxpr.jaxpr)), config.data.batch_size * config.data.seq_length, rows,
+            config.model.num_hidden_layers)
 
 
 def test_cpu_layer_matmuls_of_a_bfloat16_step_ask_for_float32_sums():
     """XLA:CPU runs a bfloat16 dot with a bfloat16 result, or with its lhs transposed, in its float32 kernel, so each
     matmul of a layer (Q, K, V, the attention output and the FFN, forward and backward) asks for float32 sums with
     the lhs's contracted axis last (bfloat16_matmul)."""
-    dots, tokens, layers = bfloat16_step_equations("dot_general")
+    dots, tokens, rows, layers = bfloat16_step_equations("dot_general")
     matmuls = [(tuple(v.aval.dtype for v in eqn.invars), eqn.outvars[0].aval.dtype,
                 eqn.params["dimension_numbers"][0][0])
-               for eqn in dots if tokens in eqn.invars[0].aval.shape]  # over the merged [B x S, ...] rows
-    assert len(matmuls) == 3 * 4 * layers  # forward, input and weight gradient of 4 each
+               for eqn in dots if {tokens, rows} & set(eqn.invars[0].aval.shape)]  # over merged [B x S or P, ...]
+    # forward, input and weight gradient of 4 each; the last layer's query and its keys and values apart (5)
+    assert len(matmuls) == 3 * (4 * layers + 1)
     bfloat16, float32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
     assert set(matmuls) == {((bfloat16, bfloat16), float32, (1,))}
 
@@ -142,9 +146,9 @@ def test_cpu_bias_gradients_of_a_bfloat16_step_sum_in_float32():
     """Autodiff's sum of a bfloat16 bias gradient reaches XLA:CPU as a bfloat16 reduction, which it converts and sums
     in passes of its own: each layer's four biases (Q, K, V's stacked, the attention output's and the FFN's) get
     their gradient summed over the tokens in float32 instead (float32_summed_bias)."""
-    sums, tokens, layers = bfloat16_step_equations("reduce_sum")
-    over_tokens = [eqn.invars[0].aval.dtype for eqn in sums
-                   if np.prod([eqn.invars[0].aval.shape[axis] for axis in eqn.params["axes"]]) == tokens]
+    sums, tokens, rows, layers = bfloat16_step_equations("reduce_sum")
+    over_tokens = [eqn.invars[0].aval.dtype for eqn in sums  # or over the last layer's rows
+                   if np.prod([eqn.invars[0].aval.shape[axis] for axis in eqn.params["axes"]]) in (tokens, rows)]
     assert over_tokens.count(jnp.dtype(jnp.float32)) >= 4 * layers
     assert jnp.dtype(jnp.bfloat16) not in over_tokens
 

@@ -129,6 +129,22 @@ def test_masked_positions_give_the_full_models_outputs_and_gradients_there(famil
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), rows_grad, full_grad)
 
 
+@pytest.mark.parametrize("family", ["bert", "electra"])
+def test_a_classifier_reads_cls_from_a_last_layer_that_computes_it_alone(family):
+    """SequenceClassifier's logits equal its head applied to the full backbone's [CLS] (the pooler's, or ELECTRA's
+    dense + GELU), though its last layer computes that row alone."""
+    config = tiny(family).model
+    classifier = modeling.SequenceClassifier(config, num_labels=3)
+    batch = inputs()
+    params = modeling.init_params(classifier, jax.random.key(0), **batch)
+    logits = jax.jit(lambda p: classifier.apply({"params": p}, **batch)["logits"])(params)
+    full = jax.jit(lambda p: modeling.backbone(config).apply({"params": p["backbone"]}, **batch))(params)
+    dense = lambda x, layer: x @ params[layer]["kernel"] + params[layer]["bias"]
+    features = full["pooler_output"] if config.pooler else jax.nn.gelu(
+        dense(full["last_hidden_state"][:, 0], "dense"), approximate=False)
+    np.testing.assert_allclose(logits, dense(features, "classifier"), atol=2e-6)
+
+
 def test_the_model_flops_follow_the_last_layer_at_the_read_rows():
     """flops.encoder_forward_flops with read_rows saves what the compiled forward pass saves (XLA's own count, which
     also has the elementwise work: within 2%), where the model computes its last layer at those rows."""

@@ -88,6 +88,8 @@ class PreTrainingModel(nn.Module):
     """Backbone + MLM head, with the NSP/SOP head when `sentence_head` (BERT, ALBERT); RoBERTa has none.
 
     Also ELECTRA's generator on its own (generator_config(...), no sentence head), as HF's ElectraForMaskedLM.
+    Given masked_positions [B, P], last_hidden_state and mlm_logits are at those positions only, which is all the
+    backbone's last layer then computes (EncoderModel's output_positions).
     """
 
     config: Config
@@ -169,7 +171,8 @@ class Electra(nn.Module):
 
 class SequenceClassifier(nn.Module):
     """[CLS] -> num_labels logits (num_labels=1 regresses). Uses the pooler when the family has one; ELECTRA,
-    which has none, gets dense + GELU on [CLS] first, as in its paper's fine-tuning head."""
+    which has none, gets dense + GELU on [CLS] first, as in its paper's fine-tuning head. [CLS] is the one row read,
+    so the backbone's last layer computes it alone (EncoderModel's output_positions); last_hidden_state is [B, 1, H]."""
 
     config: Config
     num_labels: int
@@ -178,6 +181,7 @@ class SequenceClassifier(nn.Module):
     def __call__(self, input_ids, attention_mask=None, token_type_ids=None, deterministic: bool = True):
         cfg = self.config
         outputs = backbone(cfg, name="backbone")(input_ids, attention_mask, token_type_ids,
+                                                     output_positions=jnp.zeros_like(input_ids[:, :1]),
                                                      deterministic=deterministic)
         if cfg.pooler:
             features = outputs["pooler_output"]
