@@ -113,18 +113,19 @@ def test_masked_positions_give_the_full_models_outputs_and_gradients_there(famil
     model = modeling.pretraining_model(config)
     params = modeling.init_params(model, jax.random.key(0))
     at_rows = lambda p: model.apply({"params": p}, **batch, masked_positions=positions)
-    full = lambda p: model.apply({"params": p}, **batch)
-    gather = lambda logits: jnp.take_along_axis(logits, positions[..., None], axis=1)
+    gathered = lambda outputs: {**outputs, "mlm_logits": jnp.take_along_axis(outputs["mlm_logits"],
+                                                                             positions[..., None], axis=1)}
+    full = lambda p: gathered(model.apply({"params": p}, **batch))
 
-    def loss(outputs):
-        return jnp.mean(outputs["mlm_logits"][..., :50] ** 2) + jnp.mean(outputs.get("sentence_logits", 0.0) ** 2)
+    def loss_and_logits(outputs):
+        loss = jnp.mean(outputs["mlm_logits"][..., :50] ** 2) + jnp.mean(outputs.get("sentence_logits", 0.0) ** 2)
+        return loss, outputs["mlm_logits"]
 
-    rows_loss, rows_grad = jax.jit(jax.value_and_grad(lambda p: loss(at_rows(p))))(params)
-    full_loss, full_grad = jax.jit(jax.value_and_grad(
-        lambda p: loss({**full(p), "mlm_logits": gather(full(p)["mlm_logits"])})))(params)
-    outputs = jax.jit(at_rows)(params)
-    assert outputs["mlm_logits"].shape[:2] == positions.shape
-    np.testing.assert_allclose(outputs["mlm_logits"], gather(jax.jit(full)(params)["mlm_logits"]), atol=2e-6)
+    value_and_grad = lambda forward: jax.jit(jax.value_and_grad(lambda p: loss_and_logits(forward(p)), has_aux=True))
+    (rows_loss, rows_logits), rows_grad = value_and_grad(at_rows)(params)
+    (full_loss, full_logits), full_grad = value_and_grad(full)(params)
+    assert rows_logits.shape[:2] == positions.shape
+    np.testing.assert_allclose(rows_logits, full_logits, atol=2e-6)
     np.testing.assert_allclose(rows_loss, full_loss, rtol=1e-6)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), rows_grad, full_grad)
 
