@@ -10,6 +10,7 @@ from jax.ad_checkpoint import print_saved_residuals
 from jax.sharding import PartitionSpec
 
 from bert_jax import config_lib, families, flops, modeling, sharding
+from bert_jax.modeling import transformer
 from bert_jax.modeling.transformer import LAYER_NORM_STATISTICS, to_model_layout, to_unscanned_layout
 
 
@@ -98,13 +99,16 @@ def test_scanned_layers_stack_only_the_named_activations_and_statistics(capsys):
     }, stacks
 
 
-@pytest.mark.parametrize("family,overrides", [
-    ("bert", {}), ("albert", {}), ("electra", {}), ("roberta", {"remat_policy": "dots"}),
-    ("bert", {"scan_layers": True}), ("modernbert", {})])
-def test_masked_positions_give_the_full_models_outputs_and_gradients_there(family, overrides):
+@pytest.mark.parametrize("family,overrides,row_multiple", [
+    ("bert", {}, 1), ("bert", {}, 16), ("albert", {}, 1), ("electra", {}, 1), ("roberta", {"remat_policy": "dots"}, 1),
+    ("bert", {"scan_layers": True}, 1), ("modernbert", {}, 1)])
+def test_masked_positions_give_the_full_models_outputs_and_gradients_there(family, overrides, row_multiple,
+                                                                           monkeypatch):
     """Given masked_positions the last layer computes only those rows and [CLS] where it can
-    (transformer.last_layer_at_rows; scanned stacks and ModernBERT gather after): the MLM logits, the sentence logits
-    and every gradient equal the full model's at those positions, over padding, packed rows and a repeated position."""
+    (transformer.last_layer_at_rows; scanned stacks and ModernBERT gather after), padded as on a GPU with
+    row_multiple 16 (transformer.row_positions): the MLM logits, the sentence logits and every gradient equal the
+    full model's at those positions, over padding, packed rows and a repeated position."""
+    monkeypatch.setitem(transformer.ROW_MULTIPLES, "cpu", row_multiple)
     config = tiny(family, **overrides)
     batch = inputs()
     positions = jnp.array([[0, 3, 9, 9], [2, 7, 11, 15]])  # row 1 pads from 10 on: a masked position can be padding

@@ -772,6 +772,20 @@ class OutputRows(NamedTuple):
     mask: Array
 
 
+# OutputRows' rows a row are padded to a multiple of this on a platform (row_positions); 1 where it is not named.
+ROW_MULTIPLES = {"gpu": 16}
+
+
+def row_positions(config: Config, output_positions: Array) -> Array:
+    """OutputRows' positions [B, R]: [CLS] first where the pooler reads it, then output_positions, padded with [CLS]
+    to a multiple of ROW_MULTIPLES' for the platform. Compiled for an H200 (jax 0.10.2), XLA:GPU fused the
+    attention's transposed context into the output projection's Triton GEMM and found no tiling for it at 21 rows a
+    row, nor at 20 or 6 ("Couldn't find output tile sizes"); at 16 and 32 it compiles."""
+    positions = jnp.pad(output_positions, ((0, 0), (1, 0))) if config.pooler else output_positions
+    multiple = ROW_MULTIPLES.get(sharding.target_platform(), 1)
+    return jnp.pad(positions, ((0, 0), (0, -positions.shape[1] % multiple)))
+
+
 def last_layer_at_rows(config: Config) -> bool:
     """Whether the encoder computes its last layer at OutputRows alone: with its layers as modules of their own. A
     scanned stack runs one body for every layer, so it computes every row and gathers them after; so does
@@ -965,11 +979,13 @@ class EncoderModel(nn.Module):
         mask = layer_mask(cfg, attention_mask, packing_segment_ids, deterministic)
         rows = None
         if output_positions is not None:
-            # The pooler reads [CLS]: row 0 of the encoder's output, the requested rows after it.
-            positions = jnp.pad(output_positions, ((0, 0), (1, 0))) if cfg.pooler else output_positions
+            positions = row_positions(cfg, output_positions)
             rows = OutputRows(positions, attention_mask_for(attention_mask, packing_segment_ids, positions))
         x = self.encoder(x, mask, deterministic, rows)
-        outputs = {"last_hidden_state": x[:, 1:] if rows is not None and cfg.pooler else x}
+        outputs = {"last_hidden_state": x}
+        if rows is not None:  # the pooler's [CLS] is row 0, the requested rows follow, then any padding
+            first = int(cfg.pooler)
+            outputs["last_hidden_state"] = x[:, first:first + output_positions.shape[1]]
         if cfg.pooler:
             outputs["pooler_output"] = jnp.tanh(self.pooler(constrain(x[:, 0], POOLED)))
         return outputs
