@@ -3,9 +3,9 @@
 Counts the matrix multiplications a model needs (2 FLOPs per multiply-add), as MFU conventionally does
 (PaLM, appendix B): QKV and output projections, feed-forward, attention scores and weighted values, the E -> H
 projection, and the heads — the MLM head on the predicted positions only when the model gathers them, and the last
-layer's queries, output projection and FFN only there too where the model computes it so
-(transformer.last_layer_at_rows). A training
-step is 3x the forward pass (backward = 2x forward). Rematerialisation does not count: it is overhead, not model work.
+layer's queries, output projection and FFN there alone too where the model computes it so
+(transformer.last_layer_at_rows). A training step is 3x the forward pass (backward = 2x forward). Rematerialisation
+and padding (of the vocabulary, of the last layer's rows on GPU) do not count: they are overhead, not model work.
 """
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def train_step_flops(config, gathered_mlm_head: bool = True) -> int:
     """Model FLOPs of one optimizer step over config.data.batch_size sequences of config.data.seq_length."""
     model, s = config.model, config.data.seq_length
     positions = config.masking.max_predictions_per_seq if gathered_mlm_head else s
-    read = lambda model: positions + int(model.pooler) if gathered_mlm_head else None  # the pooler reads [CLS] too
+    read = lambda encoder: positions + int(encoder.pooler) if gathered_mlm_head else None  # the pooler reads [CLS]
     if config.objective == "rtd":
         gen = generator_config(model)
         forward = (encoder_forward_flops(gen, s, read(gen)) + mlm_head_forward_flops(gen, positions)
