@@ -242,10 +242,10 @@ class Encoder(nn.Module):
             position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1], dtype=jnp.int32), input_ids.shape)
         x = self.token_embeddings()(input_ids, deterministic)
         mask = layer_mask(cfg, attention_mask, packing_segment_ids, deterministic)
-        x = self.encoder(x, position_ids, mask, deterministic)
+        x, layout = self.encoder(x, position_ids, mask, deterministic), HIDDEN
         if output_positions is not None:
-            return {"last_hidden_state": constrain(self.final_norm(gather_positions(x, output_positions)), ROWS)}
-        return {"last_hidden_state": constrain(self.final_norm(x), HIDDEN)}
+            x, layout = gather_positions(x, output_positions), ROWS
+        return {"last_hidden_state": constrain(self.final_norm(x), layout)}
 
 
 class MlmHead(nn.Module):
