@@ -138,13 +138,21 @@ DEVICELESS_ENVIRONMENT = (
 )
 
 
+def set_unset_environment(settings: tuple[tuple[str, str], ...]) -> None:
+    """Each variable of `settings` the user has not set, and JAX_PLATFORMS's value in JAX's config too: JAX read it
+    when it was imported, before a command's flags were parsed, and would otherwise start every installed backend
+    (libtpu's then searches for a TPU and logs errors)."""
+    for key, value in settings:
+        os.environ.setdefault(key, value)
+    jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
+
+
 def set_deviceless_environment(topology_name: str = "") -> None:
     """What JAX and libtpu read when they start, for compiling with no TPU (DEVICELESS_ENVIRONMENT), and the slice
     as TPU_ACCELERATOR_TYPE, and the flags a TPU run gives libtpu (cli.TPU_COMPILER_FLAGS): set it before anything
     starts JAX, whose start already reads it."""
     cli.use_tpu_compiler_flags()
-    for key, value in DEVICELESS_ENVIRONMENT:
-        os.environ.setdefault(key, value)
+    set_unset_environment(DEVICELESS_ENVIRONMENT)
     if _SLICE.match(topology_name):
         os.environ.setdefault("TPU_ACCELERATOR_TYPE", topology_name)
 

@@ -21,16 +21,14 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
-import os
 import re
 import time
 
 import ml_collections
 from absl import flags
 
-from bert_jax import cli, sharding, train
+from bert_jax import cli, compile_check, sharding, train
 from bert_jax import sharding_audit as audit
-from bert_jax.compile_check import attention_on
 from bert_jax.errors import UserError
 
 GB = 2 ** 30
@@ -69,10 +67,10 @@ class Gpu:
 GPUS = {"h100": Gpu("NVIDIA H100 80GB HBM3", 132, 1.98, 3.35e12, 50 * 2 ** 20, 80 * GB, 989e12),
         "h200": Gpu("NVIDIA H200", 132, 1.98, 4.8e12, 50 * 2 ** 20, 141 * 10 ** 9, 989e12)}
 
-DEVICELESS_ENVIRONMENT = (
-    ("JAX_PLATFORMS", "cpu"),  # JAX itself stays on the CPU: nothing runs
-    ("CUDA_VISIBLE_DEVICES", ""),  # and the plugin must not look for a GPU
-    ("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1"),  # else its version check fails on the absent device's libraries
+# compile_check's settings (JAX on the CPU, libtpu's where the TPU extra is installed too, the CUDA plugin's version
+# check skipped), and no GPU to look for.
+DEVICELESS_ENVIRONMENT = compile_check.DEVICELESS_ENVIRONMENT + (
+    ("CUDA_VISIBLE_DEVICES", ""),  # the CUDA plugin must not look for a GPU
 )
 
 
@@ -82,8 +80,7 @@ class GpuError(UserError, ValueError):
 
 def set_deviceless_environment() -> None:
     """What JAX and the CUDA plugin read when they start: set it before anything starts JAX."""
-    for key, value in DEVICELESS_ENVIRONMENT:
-        os.environ.setdefault(key, value)
+    compile_check.set_unset_environment(DEVICELESS_ENVIRONMENT)
 
 
 def gpu_devices(gpu: Gpu) -> list:
@@ -273,7 +270,7 @@ def report(config, gpu: Gpu, compiled, mesh, compile_seconds: float) -> dict:
     census = kernel_census(hlo)
     return {"gpu": gpu.description, "batch": config.data.batch_size, "seq_length": config.data.seq_length,
             "dtype": config.model.dtype, "remat_policy": config.model.remat_policy,
-            "scan_layers": config.model.scan_layers, "attention": attention_on(mesh, config),
+            "scan_layers": config.model.scan_layers, "attention": compile_check.attention_on(mesh, config),
             "compile_s": round(compile_seconds, 1), "fits": total <= gpu.memory_bytes, "memory_gb": total / GB,
             "temp_gb": memory.temp_size_in_bytes / GB, "arguments_gb": memory.argument_size_in_bytes / GB,
             "device_memory_gb": gpu.memory_bytes / GB, "kernels": census,

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from bert_jax import gpu_compile_check, sharding_audit
@@ -127,3 +128,16 @@ def test_an_unknown_gpu_is_one_line_and_exit_code_1():
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert errors == ["error: --gpu='a100': name one of h100, h200"], result.stderr[-2000:]
     assert "Traceback" not in result.stderr
+
+
+def test_the_deviceless_environment_reaches_jax_imported_before_it(monkeypatch):
+    """The commands import JAX before their flags are parsed: JAX_PLATFORMS set then must still keep JAX off every
+    other backend (installed libtpu would search for a TPU and log errors)."""
+    monkeypatch.setattr(os, "environ", {key: value for key, value in os.environ.items() if key != "JAX_PLATFORMS"})
+    platforms = jax.config.jax_platforms
+    jax.config.update("jax_platforms", "")  # as imported with JAX_PLATFORMS unset
+    try:
+        gpu_compile_check.set_deviceless_environment()
+        assert (os.environ["JAX_PLATFORMS"], jax.config.jax_platforms) == ("cpu", "cpu")
+    finally:
+        jax.config.update("jax_platforms", platforms)
