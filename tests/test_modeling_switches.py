@@ -101,13 +101,13 @@ def test_scanned_layers_stack_only_the_named_activations_and_statistics(capsys):
 
 @pytest.mark.parametrize("family,overrides,row_multiple", [
     ("bert", {}, 16), ("albert", {}, 1), ("electra", {}, 1), ("roberta", {"remat_policy": "dots"}, 1),
-    ("bert", {"scan_layers": True}, 1), ("modernbert", {}, 1)])
+    ("bert", {"scan_layers": True}, 1), ("albert", {"scan_layers": True}, 1), ("modernbert", {}, 1)])
 def test_masked_positions_give_the_full_models_outputs_and_gradients_there(family, overrides, row_multiple,
                                                                            monkeypatch):
     """Given masked_positions the last layer computes only those rows and [CLS] where it can
-    (transformer.last_layer_at_rows; scanned stacks and ModernBERT gather after), padded as on a GPU with
-    row_multiple 16 (transformer.row_positions): the MLM logits, the sentence logits and every gradient equal the
-    full model's at those positions, over padding, packed rows and a repeated position."""
+    (transformer.last_layer_at_rows: unscanned, or after a scanned loop a layer short; ModernBERT gathers after),
+    padded as on a GPU with row_multiple 16 (transformer.row_positions): the MLM logits, the sentence logits and
+    every gradient equal the full model's at those positions, over padding, packed rows and a repeated position."""
     monkeypatch.setitem(transformer.ROW_MULTIPLES, "cpu", row_multiple)
     config = tiny(family, **overrides)
     batch = inputs()
@@ -152,22 +152,27 @@ def test_a_classifier_reads_cls_from_a_last_layer_that_computes_it_alone(family)
 
 def test_the_model_flops_follow_the_last_layer_at_the_read_rows():
     """flops.encoder_forward_flops with read_rows saves what the compiled forward pass saves (XLA's own count, which
-    also has the elementwise work: within 2%), where the model computes its last layer at those rows."""
+    also has the elementwise work: within 2%), where the model computes its last layer at those rows: unscanned,
+    and scanned, where the FFN then runs at those rows too (XLA counts a loop's body once, so its shapes tell)."""
     model_config = tiny(hidden_size=256, intermediate_size=1024, num_hidden_layers=2).model
-    encoder = modeling.EncoderModel(model_config)
     seq, read = 128, 21  # 20 positions and [CLS]
     ids = jnp.ones((1, seq), jnp.int32)
-    params = modeling.init_params(encoder, jax.random.key(0), input_ids=ids)
 
-    def compiled_flops(**kwargs):
+    def compiled(**kwargs):
+        encoder = modeling.EncoderModel(model_config)
+        params = modeling.init_params(encoder, jax.random.key(0), input_ids=ids)
         forward = jax.jit(lambda p: encoder.apply({"params": p}, ids, **kwargs)["last_hidden_state"].sum())
-        return forward.lower(params).compile().cost_analysis()["flops"]
+        return forward.lower(params).compile()
 
-    saved = compiled_flops() - compiled_flops(output_positions=3 * jnp.arange(read - 1)[None])
-    counted = flops.encoder_forward_flops(model_config, seq) - flops.encoder_forward_flops(model_config, seq, read)
+    at_rows = {"output_positions": 3 * jnp.arange(read - 1)[None]}
+    saved = compiled().cost_analysis()["flops"] - compiled(**at_rows).cost_analysis()["flops"]
+    counted_saving = lambda: (flops.encoder_forward_flops(model_config, seq)
+                              - flops.encoder_forward_flops(model_config, seq, read))
+    counted = counted_saving()
     assert counted > 0 and abs(saved - counted) <= 0.02 * counted, (saved, counted)
-    model_config.scan_layers = True  # the stack computes every row
-    assert flops.encoder_forward_flops(model_config, seq, read) == flops.encoder_forward_flops(model_config, seq)
+    model_config.scan_layers = True
+    assert f"f32[1,{read},1024]" in compiled(**at_rows).as_text()
+    assert counted_saving() == counted
 
 
 def test_bfloat16_compute_keeps_float32_params_and_stays_close():

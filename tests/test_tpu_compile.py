@@ -236,9 +236,11 @@ def test_an_estimate_faster_than_the_chips_peak_is_floored_at_the_models_flops()
 
 
 def data_parallel_bert(scan_layers: bool = False):
-    """small_bert with 16 rows a chip on 4 data-parallel chips: enough work a layer for the layer loop to show."""
+    """small_bert with 16 rows a chip on 4 data-parallel chips: enough work a layer for the layer loop to show, and
+    3 layers, so that scanned the loop runs 2 before the last one runs at the masked positions."""
     config = small_bert(batch=64)
     config.mesh.data, config.mesh.fsdp = 4, 1
+    config.model.num_hidden_layers = config.model.num_hidden_groups = 3
     config.model.scan_layers = scan_layers
     return config
 
@@ -249,11 +251,12 @@ def data_parallel():
 
 
 def test_a_scanned_step_is_estimated_as_its_layer_loop_runs(data_parallel):
-    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.30x the
+    """XLA's cost analysis costs a while body once. Counted per iteration, the scanned step's cycle sum is 1.23x the
     full unscanned compile's (the scanned program also recomputes LayerNorm, GELU and dropout, and writes each
-    layer's saved activations into the loop's stacks and copies them back out), where counted once it read 0.87x;
-    its optimal_seconds, scaled by the cycles' loop factor, 1.23x: the rough end of the estimate. (Before Q, K and V
-    were laid out heads side by side, which this model's 16-wide heads gained most from: 1.49x, 0.91x, 1.62x.)"""
+    layer's saved activations into the loop's stacks and copies them back out), where counted once it read 0.90x;
+    its optimal_seconds, scaled by the cycles' loop factor, 1.16x: the rough end of the estimate. (With 2 layers,
+    all in the loop, and before Q, K and V were laid out heads side by side, which this model's 16-wide heads
+    gained most from: 1.49x, 0.91x, 1.62x.)"""
     scanned = compile_check.report(compile_step(data_parallel_bert(scan_layers=True)))
     unscanned = compile_check.report(data_parallel)
     assert scanned["estimate"].startswith("while-loop bodies counted per iteration") and scanned["loop_factor"] > 1.3
@@ -261,12 +264,10 @@ def test_a_scanned_step_is_estimated_as_its_layer_loop_runs(data_parallel):
     cycles = scanned["est_step_cycles_s"] / unscanned["est_step_cycles_s"]
     assert 1.0 <= cycles <= 1.6 and cycles / scanned["loop_factor"] < 1.0, (scanned, unscanned)
     assert 0.8 <= scanned["est_step_s"] / unscanned["est_step_s"] <= 1.7, (scanned, unscanned)
-    # Work alike, but that the unscanned step's last layer computes the masked positions' rows alone
-    # (transformer.last_layer_at_rows), its attention there in XLA's ops instead of the kernel's.
-    saved = (flops.train_step_flops(data_parallel_bert(scan_layers=True))
-             - flops.train_step_flops(data_parallel_bert())) / 4  # a chip's
+    # Work alike: both compute the last layer at the masked positions' rows alone (transformer.last_layer_at_rows).
+    assert flops.train_step_flops(data_parallel_bert(scan_layers=True)) == flops.train_step_flops(data_parallel_bert())
     work = lambda row: row["hlo_flops"] + row["splash_flops"]
-    assert 0.9 <= work(scanned) / (work(unscanned) + saved) <= 1.1, (scanned, unscanned, saved)
+    assert 0.9 <= work(scanned) / work(unscanned) <= 1.1, (scanned, unscanned)
     for row in (scanned, unscanned):  # the per-instruction cycle sum: the slow end of the range
         assert row["est_step_cycles_s"] > row["est_step_s"] and row["est_mfu_cycles"] < row["est_mfu"]
 

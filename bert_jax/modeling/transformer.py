@@ -787,10 +787,10 @@ def row_positions(config: Config, output_positions: Array) -> Array:
 
 
 def last_layer_at_rows(config: Config) -> bool:
-    """Whether the encoder computes its last layer at OutputRows alone: with its layers as modules of their own. A
-    scanned stack runs one body for every layer, so it computes every row and gathers them after; so does
-    ModernBERT's encoder, whose long rows would need a kernel for few queries over many keys."""
-    return families.of(config).encoder is None and not config.scan_layers
+    """Whether the encoder computes its last layer at OutputRows alone: the shared encoder does, its layers scanned
+    or not. ModernBERT's computes every row and gathers them after: its long rows would need a kernel for few
+    queries over many keys."""
+    return families.of(config).encoder is None
 
 
 class TransformerLayer(nn.Module):
@@ -892,7 +892,8 @@ class Encoder(nn.Module):
 
     Parameters are named layer_<group>; with scan_layers and one layer per group they are stacked under `layers`
     instead (leading axis = layer), which compiles the stack once. Given `rows` (OutputRows), the output is
-    [B, P, H] at those rows, the last layer computing only them where it can (last_layer_at_rows).
+    [B, P, H] at those rows, the last layer computing only them (last_layer_at_rows; scanned, the loop runs one
+    layer fewer and the last runs on its own: loop_then_last_at_rows).
     """
 
     config: Config
@@ -911,24 +912,49 @@ class Encoder(nn.Module):
             defer = True  # the output LayerNorm's input is the carry, not a stack beside it (PendingNorm)
         groups = cfg.num_hidden_groups
         repeats = cfg.num_hidden_layers // groups
+        # Scanned, the last loop runs a layer short and its last layer runs at the rows; init builds the loops whole.
+        last_at_rows = rows is not None and not self.is_initializing()
         if stacks_layers(cfg):
-            stack = nn.scan(layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
-                            in_axes=nn.broadcast, length=groups, metadata_params={nn.PARTITION_NAME: "layers"})
-            x = run_loop(stack(cfg, deterministic, defer, name="layers"), x, mask, cfg, defer)
+            stack = lambda length: nn.scan(
+                layer_cls, variable_axes={"params": 0}, split_rngs={"params": True, "dropout": True},
+                in_axes=nn.broadcast, length=length, metadata_params={nn.PARTITION_NAME: "layers"})
+            if last_at_rows:
+                return self.loop_then_last_at_rows(stack, layer_cls, "layers", groups, defer, x, mask, rows,
+                                                   deterministic)
+            x = run_loop(stack(groups)(cfg, deterministic, defer, name="layers"), x, mask, cfg, defer)
         elif cfg.scan_layers:
+            shared = lambda length: nn.scan(layer_cls, variable_broadcast="params",
+                                            split_rngs={"params": False, "dropout": True}, in_axes=nn.broadcast,
+                                            length=length)
             for group in range(groups):
-                shared = nn.scan(layer_cls, variable_broadcast="params", split_rngs={"params": False, "dropout": True},
-                                 in_axes=nn.broadcast, length=repeats)
-                x = run_loop(shared(cfg, deterministic, defer, name=f"layer_{group}"), x, mask, cfg, defer)
+                if last_at_rows and group == groups - 1:
+                    return self.loop_then_last_at_rows(shared, layer_cls, f"layer_{group}", repeats, defer, x, mask,
+                                                       rows, deterministic)
+                x = run_loop(shared(repeats)(cfg, deterministic, defer, name=f"layer_{group}"), x, mask, cfg, defer)
         else:
             for group in range(groups):
                 layer = layer_cls(cfg, deterministic, name=f"layer_{group}")
                 for repeat in range(repeats):
                     last = (group, repeat) == (groups - 1, repeats - 1)
                     x, _ = layer(x, mask, rows if last else None)
-        if rows is not None and not last_layer_at_rows(cfg):
-            x = constrain(gather_positions(x, rows.positions), ROWS)
-        return x
+            return x
+        return x if rows is None else constrain(gather_positions(x, rows.positions), ROWS)
+
+    def loop_then_last_at_rows(self, loop, layer_cls, name: str, length: int, defer: bool, x, mask, rows: OutputRows,
+                               deterministic: bool):
+        """The scanned loop `name` of `length` layers (built by `loop(length)`) run a layer short, then its last layer
+        at `rows` alone, each bound to the loop's own parameters: a stack's split into its first length - 1 layers
+        (a copy of them each step) and its last; shared ones as they are."""
+        params = self.variables["params"][name]
+        split = name == "layers"
+        loop_params = jax.tree.map(lambda p: p[:-1], params) if split else params
+        last_params = jax.tree.map(lambda p: p[-1], params) if split else params
+        rngs = [{}, {}] if deterministic else [{"dropout": key} for key in jax.random.split(self.make_rng("dropout"))]
+        if length > 1:
+            head = loop(length - 1)(self.config, deterministic, defer, parent=None)
+            x = run_loop(head.bind({"params": loop_params}, rngs=rngs[0]), x, mask, self.config, defer)
+        last = layer_cls(self.config, deterministic, parent=None).bind({"params": last_params}, rngs=rngs[1])
+        return last(x, mask, rows)[0]
 
 
 def run_loop(loop: nn.Module, x: Array, mask: Array, config: Config, defer_output_norm: bool) -> Array:
