@@ -949,7 +949,8 @@ class Encoder(nn.Module):
         split = name == "layers"
         loop_params = jax.tree.map(lambda p: p[:-1], params) if split else params
         last_params = jax.tree.map(lambda p: p[-1], params) if split else params
-        rngs = [{}, {}] if deterministic else [{"dropout": key} for key in jax.random.split(self.make_rng("dropout"))]
+        dropout = not deterministic and self.has_rng("dropout")
+        rngs = [{"dropout": key} for key in jax.random.split(self.make_rng("dropout"))] if dropout else [{}, {}]
         if length > 1:
             head = loop(length - 1)(self.config, deterministic, defer, parent=None)
             x = run_loop(head.bind({"params": loop_params}, rngs=rngs[0]), x, mask, self.config, defer)
