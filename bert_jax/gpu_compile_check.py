@@ -28,6 +28,7 @@ import ml_collections
 from absl import flags
 
 from bert_jax import cli, compile_check, sharding, train
+from bert_jax.modeling import transformer
 from bert_jax import sharding_audit as audit
 from bert_jax.errors import UserError
 
@@ -256,9 +257,10 @@ def fusion_traffic_by_source(hlo_text: str) -> dict[str, int]:
 
 
 def layer_loop_copies(census: dict, config) -> float:
-    """Copies and slice copies a step makes inside loops, per layer (per layer and pass for scanned layers)."""
+    """Copies and slice copies a step makes inside loops, per looped layer (per layer and pass for scanned layers):
+    the shared encoder's last layer runs after the loop, at the masked positions (transformer.last_layer_at_rows)."""
     inside = sum(census.get(kind, {}).get("in_loops", 0) for kind in ("copy", "slice_copy"))
-    return inside / config.model.num_hidden_layers
+    return inside / (config.model.num_hidden_layers - transformer.last_layer_at_rows(config.model))
 
 
 def report(config, gpu: Gpu, compiled, mesh, compile_seconds: float) -> dict:
