@@ -946,7 +946,7 @@ class Encoder(nn.Module):
         at `rows` alone, each bound to the loop's own parameters: a stack's split into its first length - 1 layers
         (a copy of them each step) and its last; shared ones as they are."""
         params = self.variables["params"][name]
-        split = name == "layers"
+        split = stacks_layers(self.config)
         loop_params = jax.tree.map(lambda p: p[:-1], params) if split else params
         last_params = jax.tree.map(lambda p: p[-1], params) if split else params
         dropout = not deterministic and self.has_rng("dropout")
