@@ -84,7 +84,7 @@ RUN_KEYS = {"base": "bert_base_seq128", "large": "bert_large_seq512", "modernber
 # the list): (name, model switches, XLA compiler options, what it tests). docs/training.md ("GPU") predicts each.
 VARIANTS = [
     ("cublas_gemms", [], {"xla_gpu_enable_triton_gemm": False}, "cuBLAS(Lt) for every GEMM, not autotuned Triton"),
-    ("scan_layers", ["scan_layers=true"], {}, "the scanned layer loop's slice copies (bert_jax.gpu_compile_check)"),
+    ("scan_layers", ["scan_layers=true"], {}, "the scanned layer loop: what it keeps, its copies (gpu_compile_check)"),
     ("cudnn_layer_norm", [], {"xla_gpu_enable_cudnn_layer_norm": True}, "LayerNorm's forward as cuDNN kernels"),
     ("attention_dropout", ["attention_probs_dropout_prob=0.1"], {}, "the paper recipe: the reference attention"),
     ("scan_layers+dynamic_slice_fusion", ["scan_layers=true"], {"xla_gpu_enable_dynamic_slice_fusion": True},

@@ -240,8 +240,9 @@ SOURCES = (("layer_norm", "norm"), ("dropout", "ropout"), ("activation", "gelu")
 
 def fusion_traffic_by_source(hlo_text: str) -> dict[str, int]:
     """Bytes the elementwise and reduction fusions read and write a step, by the model part their op names name
-    (the optimizer's update: outside the model's jvp; "other": the rest, residual adds and casts among them): what
-    fusing LayerNorm, dropout or GELU into their neighbours could save."""
+    (the optimizer's update: outside the model's jvp; "other": the rest, residual adds and casts among them, and
+    what XLA made without an op name, such as the zeros a loop's stacks start from): what fusing LayerNorm, dropout
+    or GELU into their neighbours could save."""
     module = audit.computations(hlo_text)
     totals = collections.Counter()
     for line, op, result, times, types in launched(module):
@@ -250,7 +251,7 @@ def fusion_traffic_by_source(hlo_text: str) -> dict[str, int]:
         named = _OP_NAME.search(line)
         op_name = named.group(1) if named else ""
         source = next((name for name, word in SOURCES if word in op_name), "other")
-        if "jvp(" not in op_name:
+        if op_name and "jvp(" not in op_name:
             source = "optimizer"
         totals[source] += sum(traffic(line, op, result, types, module)) * times
     return dict(totals.most_common())

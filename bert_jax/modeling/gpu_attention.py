@@ -60,6 +60,14 @@ def auto_kernel(config) -> str:
     return "auto"
 
 
+def saves_kernel_outputs(primitive, *_, **__) -> bool:
+    """A remat policy that keeps what cuDNN's attention forward returns (its output and softmax statistics, which
+    its backward reads), found by JAX's primitive for that call: they come out of a custom call inside JAX's
+    custom_vjp, where no checkpoint_name reaches them. Without them a rematerialised layer runs the forward kernel
+    again in its backward pass (tests/test_gpu_compile.py counts the calls)."""
+    return primitive.name == "dot_product_attention_fwd_wrapper"
+
+
 def key_lengths(attention_mask):
     """int32 [B]: the real tokens of each row, which cuDNN takes as the first that many keys (padding at the end, as
     every bert_jax pipeline and tokenizer pads). At least 1: a row of padding only (an evaluation batch's filler)

@@ -42,25 +42,32 @@ ACTIVATIONS = {
 }
 REMAT_POLICIES = {
     "full": None,  # save nothing, recompute the whole layer in the backward pass
-    "dots": jax.checkpoint_policies.checkpoint_dots,
+    # the matmuls' results, and cuDNN attention's, whose matmuls run inside its kernel (gpu_attention)
+    "dots": jax.checkpoint_policies.save_from_both_policies(jax.checkpoint_policies.checkpoint_dots,
+                                                            gpu_attention.saves_kernel_outputs),
     "dots_with_no_batch_dims": jax.checkpoint_policies.checkpoint_dots_with_no_batch_dims,
 }
 # What a scanned layer keeps for its backward pass without remat (checkpoint_name in TransformerLayer): Q, K and V, the
 # attention LayerNorm's input and the FFN's pre-activation (the output LayerNorm's input is the loop's carry,
-# PendingNorm); the rest (GELU, LayerNorm, dropout, and the attention kernel's forward, for its output and logsumexp) is
-# recomputed in the backward pass. Left to scan's own autodiff, the loop stacked every intermediate of those besides,
-# copying each into the stack at every iteration: BERT-base with 4 layers at 256 x 128 a chip on v5p-8 (compiler's
-# estimates) took 10.6 GB of temporaries and 31.7 ms, then 6.4 GB and 29.2 ms (unscanned: 4.6, 23.1; keeping the first
-# LayerNorm's output too: 6.5 GB, 29.3 ms). Keeping the kernel's output as well cost a heads-first copy into its stack
-# that took longer than running the kernel again: 12 layers, 13.8 GB and 79.9 ms with it, 12.8 GB and 79.2 ms without
-# (unscanned: 12.8 GB, 61.9 ms; docs/tpu.md).
+# PendingNorm); the rest (GELU, LayerNorm, dropout, and on TPU the attention kernel's forward, for its output and
+# logsumexp) is recomputed in the backward pass. Left to scan's own autodiff, the loop stacked every intermediate of
+# those besides, copying each into the stack at every iteration: BERT-base with 4 layers at 256 x 128 a chip on v5p-8
+# (compiler's estimates) took 10.6 GB of temporaries and 31.7 ms, then 6.4 GB and 29.2 ms (unscanned: 4.6, 23.1;
+# keeping the first LayerNorm's output too: 6.5 GB, 29.3 ms). Keeping the kernel's output as well cost a heads-first
+# copy into its stack that took longer than running the kernel again: 12 layers, 13.8 GB and 79.9 ms with it, 12.8 GB
+# and 79.2 ms without (unscanned: 12.8 GB, 61.9 ms; docs/tpu.md).
 QKV = "attention_qkv"
 LAYER_ACTIVATIONS = (QKV, "attention_sum", "intermediate")
 # Each LayerNorm's mean and 1/sqrt(variance + eps), [B, S, 1] float32: kept too, the backward pass normalises the
 # kept inputs again without reducing them. BERT-base s128 at 256 a chip, scanned (v5p-8, compiler's estimates): 61.2
 # to 59.5 ms, 10.35 to 10.34 GB; BERT-large s512 at 72: 212 to 206 ms; the unscanned steps are the same programs.
 LAYER_NORM_STATISTICS = ("layer_norm_mean", "layer_norm_inverse_std")
-SCANNED_SAVES = jax.checkpoint_policies.save_only_these_names(*LAYER_ACTIVATIONS, *LAYER_NORM_STATISTICS)
+# On a GPU cuDNN's attention forward also keeps its output and softmax statistics, which have no names (gpu_attention).
+# Before, a scanned layer there took scan's own autodiff, which stacked every intermediate: BERT-base at 256 x 128
+# compiled for an H200 held 21.3 GB and read and wrote 140 GB a step in fusions; under this policy 8.9 GB and 78 GB.
+SCANNED_SAVES = jax.checkpoint_policies.save_from_both_policies(
+    jax.checkpoint_policies.save_only_these_names(*LAYER_ACTIVATIONS, *LAYER_NORM_STATISTICS),
+    gpu_attention.saves_kernel_outputs)
 
 Config = ml_collections.ConfigDict
 Array = Any
@@ -905,9 +912,7 @@ class Encoder(nn.Module):
         if cfg.remat_policy != "none":
             layer_cls = nn.remat(TransformerLayer, policy=REMAT_POLICIES[cfg.remat_policy],
                                  prevent_cse=not cfg.scan_layers)
-        elif cfg.scan_layers and attention_kernel(cfg, deterministic, x.shape[1]) != "cudnn":
-            # cuDNN keeps its residuals inside its custom call, where no name reaches them: under SCANNED_SAVES its
-            # forward would run again in the backward pass (the GPU compile: 3 calls a layer instead of 2).
+        elif cfg.scan_layers:
             layer_cls = nn.remat(TransformerLayer, policy=SCANNED_SAVES, prevent_cse=False)
             defer = True  # the output LayerNorm's input is the carry, not a stack beside it (PendingNorm)
         groups = cfg.num_hidden_groups
