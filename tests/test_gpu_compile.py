@@ -24,14 +24,19 @@ SEQ = 96  # unlike every width of the tiny model, so that [.., S, S] names atten
 LAYER_LOOP_COPIES = 5
 
 
+def compiled_for_h200(overrides: dict):
+    """(config, executable, gpu_compile_check's report) of the tiny model in bfloat16 without attention dropout (so
+    that "auto" attention is cuDNN's), with `overrides`, compiled for an H200."""
+    config = override(tiny_config(), {"model.dtype": "bfloat16", "model.attention_probs_dropout_prob": 0.0,
+                                       "data.seq_length": SEQ, **overrides})
+    step, mesh, seconds = gpu_compile_check.compile_step(config, gpu_compile_check.GPUS["h200"])
+    return config, step, gpu_compile_check.report(config, gpu_compile_check.GPUS["h200"], step, mesh, seconds)
+
+
 @pytest.fixture(scope="module")
 def compiled():
     # 3 layers: the loop runs 2, and the last one at the masked positions (transformer.last_layer_at_rows)
-    config = override(tiny_config(), {"model.dtype": "bfloat16", "model.attention_probs_dropout_prob": 0.0,
-                                       "model.scan_layers": True, "data.seq_length": SEQ,
-                                       "model.num_hidden_layers": 3, "model.num_hidden_groups": 3})
-    step, mesh, seconds = gpu_compile_check.compile_step(config, gpu_compile_check.GPUS["h200"])
-    return config, step, gpu_compile_check.report(config, gpu_compile_check.GPUS["h200"], step, mesh, seconds)
+    return compiled_for_h200({"model.scan_layers": True, "model.num_hidden_layers": 3, "model.num_hidden_groups": 3})
 
 
 def test_auto_attention_runs_cudnn_with_padding_as_lengths(compiled):
@@ -51,10 +56,7 @@ def test_the_unscanned_last_layer_computes_the_masked_positions_alone():
     """Unscanned, the last layer computes the masked positions and [CLS] alone (transformer.OutputRows), its
     attention in the reference, the other layers' in cuDNN. Its rows are padded to ROW_MULTIPLES' 16: at this
     model's 6 a row, XLA:GPU found no Triton tiling for the output projection and the compile failed."""
-    config = override(tiny_config(), {"model.dtype": "bfloat16", "model.attention_probs_dropout_prob": 0.0,
-                                       "data.seq_length": SEQ})
-    gpu = gpu_compile_check.GPUS["h200"]
-    row = gpu_compile_check.report(config, gpu, *gpu_compile_check.compile_step(config, gpu))
+    config, _, row = compiled_for_h200({})
     assert row["kernels"]["cudnn_attention"]["count"] == 2 * (config.model.num_hidden_layers - 1)
     assert row["fits"]
 
@@ -62,10 +64,7 @@ def test_the_unscanned_last_layer_computes_the_masked_positions_alone():
 def test_remat_dots_keeps_the_attention_kernels_outputs():
     """remat_policy=dots keeps the matmuls' results, cuDNN attention's among them: its forward runs once a layer,
     not again in the backward pass (gpu_attention.saves_kernel_outputs)."""
-    config = override(tiny_config(), {"model.dtype": "bfloat16", "model.attention_probs_dropout_prob": 0.0,
-                                       "model.remat_policy": "dots", "data.seq_length": SEQ})
-    gpu = gpu_compile_check.GPUS["h200"]
-    row = gpu_compile_check.report(config, gpu, *gpu_compile_check.compile_step(config, gpu))
+    config, _, row = compiled_for_h200({"model.remat_policy": "dots"})
     assert row["kernels"]["cudnn_attention"]["count"] == 2 * (config.model.num_hidden_layers - 1)
 
 
